@@ -1,0 +1,128 @@
+import math
+import warnings
+
+import pytest
+import torch
+
+from course_lib import data, models, training
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return models.load_tokenizer("embedded")
+
+
+@pytest.fixture(scope="module")
+def tokenized(tok):
+    return data.tokenize_dataset(data.load_mrpc("embedded"), tok)
+
+
+def _no_dropout(model):
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    return model
+
+
+@pytest.mark.parametrize("precision", ["no", "bf16"])
+def test_training_lowers_the_loss_and_records_history(tokenized, tok, precision):
+    train_dl, val_dl = data.make_dataloaders(
+        tokenized, tok, batch_size=16, precision=precision, train_rows=320, eval_rows=64
+    )
+    model = models.load_model("embedded")
+    cfg = training.TrainConfig(epochs=2, lr=1e-3, precision=precision, progress=False)
+    history = training.train(model, train_dl, cfg, eval_dataloader=val_dl)
+    assert len(history.losses) == 40 and len(history.evals) == 2
+    assert all(math.isfinite(x) for x in history.losses)
+    assert sum(history.losses[-10:]) < sum(history.losses[:10])
+    assert history.tokens_per_s() > 0 and history.median_step_time() > 0
+    assert history.config["precision"] == precision
+
+
+def test_fp16_uses_a_grad_scaler_and_warns_on_cpu(tokenized, tok):
+    train_dl, _ = data.make_dataloaders(tokenized, tok, batch_size=8, precision="fp16", train_rows=24)
+    model = models.load_model("embedded")
+    with pytest.warns(UserWarning, match="fp16 on a CPU"):
+        history = training.train(
+            model, train_dl, training.TrainConfig(precision="fp16", device="cpu", progress=False)
+        )
+    assert len(history.scaler_scales) == 3  # the scaler was live and updated every step
+    assert all(math.isfinite(x) for x in history.losses)
+
+
+def test_gradient_accumulation_equals_one_big_batch(tokenized, tok):
+    """2 micro-batches of 4 then one step == one batch of 8 then one step (no dropout, SGD)."""
+    rows = tokenized["train"].select(range(8))
+    params = []
+    for batch_size, accum in [(8, 1), (4, 2)]:
+        torch.manual_seed(0)
+        model = _no_dropout(models.load_model("embedded"))
+        dl = data.make_dataloader(rows, tok, batch_size=batch_size)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        cfg = training.TrainConfig(
+            max_steps=1, grad_accum_steps=accum, max_grad_norm=None, warmup_ratio=0, progress=False
+        )
+        training.train(model, dl, cfg, optimizer=opt)
+        params.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    # Padding differs between one batch of 8 and two of 4; masked positions do not change the result.
+    torch.testing.assert_close(params[0], params[1], rtol=1e-4, atol=1e-5)
+
+
+def test_gradient_clipping_bounds_the_update(tokenized, tok):
+    rows = tokenized["train"].select(range(8))
+    model = _no_dropout(models.load_model("embedded"))
+    before = [p.detach().clone() for p in model.parameters()]
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    cfg = training.TrainConfig(max_steps=1, max_grad_norm=1e-3, warmup_ratio=0, progress=False)
+    training.train(model, data.make_dataloader(rows, tok, batch_size=8), cfg, optimizer=opt)
+    delta = torch.sqrt(sum(((p.detach() - b) ** 2).sum() for p, b in zip(model.parameters(), before)))
+    assert delta.item() == pytest.approx(1e-3, rel=1e-2)  # lr 1 x clipped norm
+
+
+def test_training_through_an_accelerator(tokenized, tok):
+    train_dl, val_dl = data.make_dataloaders(
+        tokenized, tok, batch_size=16, precision="bf16", train_rows=64, eval_rows=32
+    )
+    accelerator = training.fresh_accelerator(mixed_precision="bf16", cpu=True)
+    assert training.amp_is_active(accelerator)
+    history = training.train(
+        models.load_model("embedded"),
+        train_dl,
+        training.TrainConfig(progress=False),
+        eval_dataloader=val_dl,
+        accelerator=accelerator,
+    )
+    assert history.config["precision"] == "bf16" and len(history.losses) == 4
+    assert 0.0 <= history.evals[-1]["accuracy"] <= 1.0
+
+
+def test_fresh_accelerator_allows_a_second_precision_and_flags_fp16_on_cpu():
+    training.fresh_accelerator(mixed_precision="bf16", cpu=True)
+    with pytest.warns(UserWarning, match="does nothing"):
+        acc = training.fresh_accelerator(mixed_precision="fp16", cpu=True)
+    assert not training.amp_is_active(acc)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert not training.amp_is_active(training.fresh_accelerator(cpu=True))
+
+
+def test_accuracy_f1_against_hand_computed_values():
+    preds, labels = torch.tensor([1, 1, 0, 0, 1]), torch.tensor([1, 0, 0, 1, 1])
+    m = training.accuracy_f1(preds, labels)
+    assert m["accuracy"] == pytest.approx(0.6)
+    assert m["f1"] == pytest.approx(2 * 2 / (2 * 2 + 1 + 1))
+    with pytest.raises(ValueError, match="empty"):
+        training.accuracy_f1(torch.tensor([]), torch.tensor([]))
+    with pytest.raises(ValueError, match="shape"):
+        training.accuracy_f1(torch.tensor([1, 0]), torch.tensor([1]))
+
+
+@pytest.mark.parametrize("kwargs", [{"grad_accum_steps": 0}, {"lr": 0}, {"epochs": 0}])
+def test_bad_config_is_rejected(kwargs):
+    with pytest.raises(ValueError):
+        training.TrainConfig(**kwargs)
+
+
+def test_empty_dataloader_is_rejected():
+    with pytest.raises(ValueError, match="empty"):
+        training.train(torch.nn.Linear(1, 1), [], training.TrainConfig(progress=False))
