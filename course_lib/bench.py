@@ -4,6 +4,9 @@ Rules kept here (see d2l's ``Benchmark`` for the trap we avoid): warm up first, 
 device before reading the clock, report the median of several repeats, and say which machine
 the numbers come from.
 
+The benchmark command built on these (``python -m course_lib.bench``; flags: ``--help``; how to read
+it: docs/benchmark.md) lives in ``course_lib.bench_harness``.
+
 Peak memory:
 * CUDA: the caching allocator's peak (``torch.cuda.max_memory_allocated``) around the work.
 * CPU: there is no allocator counter, so the work runs in a *fresh* Python subprocess and we report
@@ -144,3 +147,14 @@ def peak_rss_mb_subprocess(target: str, timeout: float = 600, **kwargs) -> dict:
     out = json.loads(lines[-1][len("__RESULT__") :])
     out["work_mb"] = max(0.0, out["peak_mb"] - out["before_mb"])
     return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m course_lib.bench``: the training benchmark (see ``course_lib.bench_harness``)."""
+    from course_lib.bench_harness import main as harness_main
+
+    return harness_main(argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,9 +1,11 @@
 """Rebuild the embedded pretrained checkpoint: ``python -m course_lib.build_assets``.
 
 Steps (all offline, deterministic for a given torch build and thread count):
-1. Train a lower-cased WordPiece vocabulary on the course's own pretraining corpus.
+1. Train a lower-cased WordPiece vocabulary on the course's own pretraining corpus: unlabelled
+   pairs of sentences that state the same fact in different words (``corpus.pretraining_pairs``).
 2. Pretrain a small DistilBERT (same architecture family as ``distilbert-base-uncased``, scaled down)
-   with masked-language modelling on that corpus.
+   with masked-language modelling on those pairs, ``[CLS] a [SEP] b [SEP]``: to fill a masked
+   number or name the model learns to find it across the separator.
 3. Save config, ``model.safetensors`` and tokenizer files in Hugging Face format, plus
    ``pretraining.json`` with the recipe and the measured held-out masked-token accuracy.
 
@@ -23,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from course_lib.corpus import pretraining_sentences
+from course_lib.corpus import pretraining_pairs
 from course_lib.models import EMBEDDED_MODEL_DIR
 
 
@@ -37,14 +39,14 @@ class PretrainConfig:
     n_heads: int = 4
     hidden_dim: int = 512
     max_position_embeddings: int = 128
-    corpus_sentences: int = 60_000
-    heldout_sentences: int = 2_000
-    max_length: int = 48
-    batch_size: int = 128
-    steps: int = 3_000
+    corpus_pairs: int = 40_000
+    heldout_pairs: int = 1_000
+    max_length: int = 96
+    batch_size: int = 64
+    steps: int = 2_500
     lr: float = 1e-3
     warmup_steps: int = 200
-    mlm_probability: float = 0.15
+    mlm_probability: float = 0.25
     seed: int = 0
 
 
@@ -63,9 +65,9 @@ def build(out_dir: Path, cfg: PretrainConfig, log_every: int = 100) -> dict:
     from transformers import DataCollatorForLanguageModeling, DistilBertConfig, DistilBertForMaskedLM
 
     torch.manual_seed(cfg.seed)
-    corpus = list(pretraining_sentences(cfg.corpus_sentences + cfg.heldout_sentences, seed=cfg.seed))
-    train_text, heldout_text = corpus[: cfg.corpus_sentences], corpus[cfg.corpus_sentences :]
-    tokenizer = train_tokenizer(train_text, cfg.vocab_size)
+    corpus = list(pretraining_pairs(cfg.corpus_pairs + cfg.heldout_pairs, seed=cfg.seed))
+    train_pairs, heldout_pairs = corpus[: cfg.corpus_pairs], corpus[cfg.corpus_pairs :]
+    tokenizer = train_tokenizer([s for pair in train_pairs for s in pair], cfg.vocab_size)
 
     config = DistilBertConfig(
         vocab_size=len(tokenizer),
@@ -81,11 +83,12 @@ def build(out_dir: Path, cfg: PretrainConfig, log_every: int = 100) -> dict:
         tokenizer, mlm_probability=cfg.mlm_probability, pad_to_multiple_of=8
     )
 
-    def encode(texts: list[str]) -> list[dict]:
-        enc = tokenizer(texts, truncation=True, max_length=cfg.max_length)
+    def encode(pairs: list[tuple[str, str]]) -> list[dict]:
+        first, second = zip(*pairs)
+        enc = tokenizer(list(first), list(second), truncation=True, max_length=cfg.max_length)
         return [{"input_ids": ids} for ids in enc["input_ids"]]
 
-    train_feats, heldout_feats = encode(train_text), encode(heldout_text)
+    train_feats, heldout_feats = encode(train_pairs), encode(heldout_pairs)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01)
 
     def lr_at(step: int) -> float:
@@ -140,8 +143,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=EMBEDDED_MODEL_DIR)
     parser.add_argument("--steps", type=int, default=PretrainConfig.steps)
+    parser.add_argument("--batch-size", type=int, default=PretrainConfig.batch_size)
     args = parser.parse_args(argv)
-    report = build(args.out, PretrainConfig(steps=args.steps))
+    report = build(args.out, PretrainConfig(steps=args.steps, batch_size=args.batch_size))
     print(json.dumps(report, indent=2))
 
 

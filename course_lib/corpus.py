@@ -384,21 +384,32 @@ def _perturb(record: Record, rng: random.Random) -> Record:
     return changed
 
 
+def _render_twice(first: Callable[..., str], a: Record, b: Record, rng: random.Random) -> tuple[str, str]:
+    """``a`` and ``b`` written by the same template with the same synonym choices."""
+    state = rng.getstate()
+    s1 = first(a, rng)
+    rng.setstate(state)
+    return s1, first(b, rng)
+
+
 def _pair(rng: random.Random, positive: bool) -> tuple[str, str]:
     make_record, templates = rng.choice(FRAMES)
     record = make_record(rng)
     first = rng.choice(templates)
+    roll = rng.random()
     if positive:
-        second = rng.choice(templates)  # same or another wording, independent synonyms
-        return first(record, rng), second(record, rng)
-    other = _perturb(record, rng)
-    if rng.random() < 0.6:
-        # Hard negative: the same template and the same synonym choices, one fact differs.
-        state = rng.getstate()
-        s1 = first(record, rng)
-        rng.setstate(state)
-        return s1, first(other, rng)
-    return first(record, rng), rng.choice(templates)(other, rng)
+        if roll < 0.6:  # same sentence shape, other synonyms
+            return first(record, rng), first(record, rng)
+        return first(record, rng), rng.choice(templates)(record, rng)  # reworded
+    if roll < 0.25:  # hard: identical wording but for one fact
+        return _render_twice(first, record, _perturb(record, rng), rng)
+    if roll < 0.6:  # same shape, other synonyms, two or three facts differ
+        other = _perturb(_perturb(record, rng), rng)
+        if rng.random() < 0.5:
+            other = _perturb(other, rng)
+        return first(record, rng), first(other, rng)
+    # Another event of the same kind (the same frame, new facts), worded either way.
+    return first(record, rng), rng.choice(templates)(make_record(rng), rng)
 
 
 def generate_split(name: str, seed: int = 0) -> dict[str, list]:
@@ -422,9 +433,15 @@ def generate_split(name: str, seed: int = 0) -> dict[str, list]:
     return cols
 
 
-def pretraining_sentences(n: int, seed: int = 1) -> Iterator[str]:
-    """``n`` single sentences from the same grammar (the masked-LM pretraining corpus)."""
+def pretraining_pairs(n: int, seed: int = 1) -> Iterator[tuple[str, str]]:
+    """``n`` unlabelled sentence pairs: one record written twice (the masked-LM pretraining corpus).
+
+    Masked-LM on such pairs (as in XLM's translation LM) teaches the model to look across the
+    separator for the same fact in other words, which is what paraphrase detection needs later.
+    The records come from their own random stream, never from the labelled splits.
+    """
     rng = random.Random(f"pretraining-corpus/{seed}")
     for _ in range(n):
         make_record, templates = rng.choice(FRAMES)
-        yield rng.choice(templates)(make_record(rng), rng)
+        record = make_record(rng)
+        yield rng.choice(templates)(record, rng), rng.choice(templates)(record, rng)

@@ -3,6 +3,7 @@
     python -m course_lib.nbtools execute notebooks/01_device_placement.ipynb   # run, clean, stamp
     python -m course_lib.nbtools clean solutions/*/*.ipynb                     # metadata only
     python -m course_lib.nbtools check notebooks/*.ipynb                       # stale? (exit 1)
+    python -m course_lib.nbtools execute notebooks/*.ipynb --readme README.md  # also record run times
 
 ``execute`` stamps ``metadata.course.source_hash``: a hash of every code cell's source at the time
 the outputs were produced. ``check`` (and the test suite) fails when code changed after that, i.e.
@@ -14,6 +15,8 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -83,20 +86,39 @@ def stale_reason(nb: nbformat.NotebookNode) -> str | None:
     return None
 
 
+def record_run_times(readme: Path, seconds: dict[str, float], machine: str) -> None:
+    """Write measured run times into the last column of README's lesson table (between markers)."""
+    text = readme.read_text()
+    start, end = text.index("<!-- lessons:start -->"), text.index("<!-- lessons:end -->")
+    rows = []
+    for line in text[start:end].splitlines():
+        match = re.match(r"\| `notebooks/([^`]+)` \|", line)
+        if match and match.group(1) in seconds:
+            cells = line.rstrip().rstrip("|").split("|")
+            cells[-1] = f" {seconds[match.group(1)]:.0f} s "
+            line = "|".join(cells) + "|"
+        elif line.startswith("Run times measured"):
+            continue
+        rows.append(line)
+    rows.append(f"Run times measured by `python -m course_lib.nbtools execute` on {machine}.")
+    readme.write_text(text[:start] + "\n".join(rows) + "\n" + text[end:])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("command", choices=["execute", "clean", "check"])
     parser.add_argument("paths", nargs="+", type=Path)
     parser.add_argument("--timeout", type=int, default=600, help="seconds per cell (execute)")
+    parser.add_argument("--readme", type=Path, help="with execute: record run times in this README")
     args = parser.parse_args(argv)
-    status = 0
+    status, times = 0, {}
     for path in args.paths:
         if not path.is_file():
             print(f"{path}: no such notebook", file=sys.stderr)
             status = 2
             continue
         if args.command == "execute":
-            seconds = execute(path, args.timeout)
+            seconds = times[path.name] = execute(path, args.timeout)
             print(json.dumps({"notebook": str(path), "seconds": round(seconds, 1)}))
         elif args.command == "clean":
             nb = clean(nbformat.read(path, as_version=4))
@@ -106,6 +128,11 @@ def main(argv: list[str] | None = None) -> int:
             if reason:
                 print(f"{path}: stale: {reason}. Run `python -m course_lib.nbtools execute {path}`.")
                 status = 1
+    if args.readme and times:
+        from course_lib.devices import cpu_name, get_device
+
+        machine = f"{cpu_name()}, {os.cpu_count()} cores, device {get_device()}, {time.strftime('%Y-%m-%d')}"
+        record_run_times(args.readme, times, machine)
     return status
 
 

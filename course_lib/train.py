@@ -1,0 +1,537 @@
+"""Fine-tune the course model on the course data, on one device or many: ``python -m course_lib.train``.
+
+The same command runs unchanged under every launcher, because an ``Accelerator`` reads what the
+launcher sets (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ...) and wraps the model in DDP::
+
+    python -m course_lib.train --max-steps 50                                    # 1 process: CPU or 1 GPU
+    torchrun --standalone --nproc_per_node 2 -m course_lib.train --max-steps 50  # gloo on CPU, nccl on GPUs
+    accelerate launch --multi_gpu --num_processes 8 -m course_lib.train ...     # + --num_machines ...
+    notebook_launcher(course_lib.train.main, args=(["--max-steps", "8"],), num_processes=2)
+
+It trains with the course's one loop (``course_lib.training.train``); this file adds the data sharding
+(``course_lib.distributed.ShardedLoader``), checkpoints (safetensors, written atomically by the main
+process), ``--resume``, and a throughput report per process and in total. See ``docs/distributed.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from course_lib import data, distributed, models, training
+from course_lib.devices import best_precision, normalize_precision, seed_everything
+
+EXIT_BAD_INPUT = 2
+EXIT_STOPPED = 3  # --stop-after-steps: the run "dies" after a checkpoint, like a killed job
+CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
+
+
+@dataclass
+class RunConfig:
+    """Everything one run of the command is told (logged with ``asdict`` into ``metrics.json``)."""
+
+    model: str | None = None  # None: the COURSE_MODEL switch (embedded by default)
+    dataset: str | None = None  # None: the COURSE_DATASET switch; "embedded" or "hub"
+    precision: str | None = None  # "no" | "bf16" | "fp16" | "auto"; None: the launcher's setting, else "no"
+    batch_size: int = 16  # per process: the global batch is batch_size x processes x grad_accum_steps
+    grad_accum_steps: int = 1
+    epochs: int = 1
+    max_steps: int | None = None  # optimizer steps; None: all epochs
+    lr: float = 5e-4
+    seed: int = 0
+    train_rows: int | None = None  # first N training rows; None: all
+    eval_rows: int | None = None  # first N validation rows; None: all
+    max_length: int = 128
+    evaluate: bool = True
+    output_dir: str = "runs/train"
+    save_every: int = 100  # optimizer steps between checkpoints (and always at the end)
+    keep_checkpoints: int = 2
+    resume: str | None = None  # "latest" (in output_dir) or a checkpoint folder
+    stop_after_steps: int | None = None  # simulate a crash after this step (tests, demos)
+    cpu: bool = False
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        for name in (
+            "batch_size",
+            "grad_accum_steps",
+            "epochs",
+            "max_length",
+            "save_every",
+            "keep_checkpoints",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}.")
+        for name in ("max_steps", "train_rows", "eval_rows", "stop_after_steps"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1 (or left out), got {value}.")
+        if self.lr <= 0:
+            raise ValueError(f"--lr must be positive, got {self.lr}.")
+        if self.precision not in (None, "auto"):
+            self.precision = normalize_precision(self.precision)
+
+
+def parse_args(argv: list[str] | None = None) -> RunConfig:
+    """The command line as a ``RunConfig`` (bad values exit with status 2 and say what to do)."""
+    d = RunConfig()
+    p = argparse.ArgumentParser(
+        prog="python -m course_lib.train",
+        description="Fine-tune the course model with the course's training loop, on 1 or N processes.",
+    )
+    p.add_argument("--model", default=d.model, help="hub id or folder (default: COURSE_MODEL / embedded)")
+    p.add_argument(
+        "--dataset", default=d.dataset, choices=["embedded", "hub"], help="default: COURSE_DATASET"
+    )
+    p.add_argument(
+        "--precision",
+        default=d.precision,
+        help="no (fp32), bf16, fp16 (GPU only) or auto (default: accelerate launch's --mixed_precision, else no)",
+    )
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help="per process")
+    p.add_argument("--grad-accum-steps", type=int, default=d.grad_accum_steps)
+    p.add_argument("--epochs", type=int, default=d.epochs)
+    p.add_argument("--max-steps", type=int, default=d.max_steps, help="optimizer steps (overrides --epochs)")
+    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument(
+        "--train-rows", type=int, default=d.train_rows, help="first N training rows (default: all)"
+    )
+    p.add_argument(
+        "--eval-rows", type=int, default=d.eval_rows, help="first N validation rows (default: all)"
+    )
+    p.add_argument("--max-length", type=int, default=d.max_length, help="tokens per sentence pair")
+    p.add_argument("--no-eval", dest="evaluate", action="store_false", help="skip the per-epoch evaluation")
+    p.add_argument("--output-dir", default=d.output_dir, help="checkpoints, final model, metrics.json")
+    p.add_argument("--save-every", type=int, default=d.save_every, help="checkpoint every N optimizer steps")
+    p.add_argument("--keep-checkpoints", type=int, default=d.keep_checkpoints, help="newest N are kept")
+    p.add_argument(
+        "--resume",
+        nargs="?",
+        const="latest",
+        default=None,
+        help="continue from a checkpoint folder, or the newest one in --output-dir (no value / 'latest')",
+    )
+    p.add_argument("--stop-after-steps", type=int, default=None, help="exit with status 3 after step N")
+    p.add_argument("--cpu", action="store_true", help="train on the CPU even if GPUs are present")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    args = p.parse_args(argv)
+    try:
+        return RunConfig(**vars(args))
+    except ValueError as err:
+        p.error(str(err))  # exits with status 2
+        raise  # unreachable
+
+
+# ---------------------------------------------------------------------------------------------
+# Set-up: the Accelerator, threads, data
+# ---------------------------------------------------------------------------------------------
+
+
+def resolve_precision(precision: str | None, cpu: bool) -> str:
+    """``auto`` -> the device's best precision, ``None`` -> the launcher's; refuse fp16 on a CPU."""
+    on_cpu = cpu or not torch.cuda.is_available()
+    if precision is None:  # `accelerate launch --mixed_precision X` sets this variable
+        precision = normalize_precision(os.environ.get("ACCELERATE_MIXED_PRECISION", "no"))
+    if precision == "auto":
+        return best_precision("cpu" if on_cpu else "cuda")
+    if precision == "fp16" and on_cpu:
+        raise ValueError(
+            "--precision fp16 on a CPU: Accelerate silently trains in fp32 there, and fp16 matmuls are "
+            "far slower than fp32 on CPUs. Use --precision bf16 (the CPU's mixed precision) or no."
+        )
+    return precision
+
+
+def make_accelerator(cfg: RunConfig):
+    """An ``Accelerator`` for this run: it joins whatever process group the launcher set up.
+
+    ``step_scheduler_with_optimizer=False``: the loop already counts steps per process, so the
+    scheduler must advance once per optimizer step (Accelerate's default advances it once per process).
+    """
+    from accelerate import Accelerator
+
+    precision = resolve_precision(cfg.precision, cfg.cpu)
+    return Accelerator(cpu=cfg.cpu, mixed_precision=precision, step_scheduler_with_optimizer=False)
+
+
+def set_cpu_threads() -> int:
+    """Share the CPU cores among this machine's processes (unless ``OMP_NUM_THREADS`` says otherwise)."""
+    if "OMP_NUM_THREADS" not in os.environ:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        torch.set_num_threads(max(1, cores // local_processes))
+    return torch.get_num_threads()
+
+
+def _head(split, rows: int | None):
+    return split if rows is None else split.select(range(min(rows, len(split))))
+
+
+def load_splits(cfg: RunConfig):
+    """Tokenizer and the tokenised train / validation rows this run uses."""
+    tokenizer = models.load_tokenizer(cfg.model)
+    raw = data.load_mrpc(cfg.dataset)
+    train = data.tokenize_dataset(_head(raw["train"], cfg.train_rows), tokenizer, cfg.max_length)
+    val = data.tokenize_dataset(_head(raw["validation"], cfg.eval_rows), tokenizer, cfg.max_length)
+    return tokenizer, train, val
+
+
+def make_loaders(cfg: RunConfig, accelerator, tokenizer, train_split, val_split):
+    """This rank's shard of the training rows, and the validation DataLoader (sharded by ``prepare``)."""
+    precision = accelerator.mixed_precision
+    train_loader = distributed.ShardedLoader(
+        train_split,
+        cfg.batch_size,
+        data.make_collator(tokenizer, precision),
+        world_size=accelerator.num_processes,
+        rank=accelerator.process_index,
+        device=accelerator.device,
+        shuffle=True,
+        seed=cfg.seed,
+    )
+    eval_loader = data.make_dataloader(val_split, tokenizer, 2 * cfg.batch_size, precision=precision)
+    eval_loader.generator = torch.Generator().manual_seed(cfg.seed)  # keep the global RNG untouched
+    return train_loader, eval_loader
+
+
+def total_steps(cfg: RunConfig, batches_per_epoch: int) -> int:
+    """Optimizer steps the run makes in all (what ``training.train`` computes)."""
+    return cfg.max_steps or math.ceil(batches_per_epoch / cfg.grad_accum_steps) * cfg.epochs
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoints: safetensors for tensors, JSON for the rest; written to a temp folder, then renamed
+# ---------------------------------------------------------------------------------------------
+
+
+def checkpoint_dir(output_dir: str | Path, step: int) -> Path:
+    """``<output_dir>/checkpoint-<step>``."""
+    return Path(output_dir) / f"checkpoint-{step:06d}"
+
+
+def list_checkpoints(output_dir: str | Path) -> list[tuple[int, Path]]:
+    """Complete checkpoints in ``output_dir`` as ``(step, folder)``, oldest first."""
+    root = Path(output_dir)
+    found = []
+    if root.is_dir():
+        for child in root.iterdir():
+            match = CHECKPOINT_RE.match(child.name)
+            if match and (child / "state.json").is_file():
+                found.append((int(match.group(1)), child))
+    return sorted(found)
+
+
+def find_resume_checkpoint(cfg: RunConfig) -> Path | None:
+    """The folder ``--resume`` points at (None without ``--resume``); a clear error if there is none."""
+    if cfg.resume is None:
+        return None
+    if cfg.resume == "latest":
+        found = list_checkpoints(cfg.output_dir)
+        if not found:
+            raise FileNotFoundError(
+                f"--resume: no checkpoint in {cfg.output_dir}. Start without --resume, or pass "
+                "--output-dir of the run to continue (or a checkpoint folder: --resume DIR)."
+            )
+        return found[-1][1]
+    path = Path(cfg.resume)
+    if not (path / "state.json").is_file():
+        raise FileNotFoundError(
+            f"--resume {path}: not a checkpoint folder (no state.json). Pass a checkpoint-NNNNNN folder "
+            "written by this command, or --resume alone for the newest one in --output-dir."
+        )
+    return path
+
+
+def save_optimizer(optimizer: torch.optim.Optimizer, path: Path) -> None:
+    """The optimizer's state as safetensors: tensors as such, the param groups as JSON metadata."""
+    from safetensors.torch import save_file
+
+    state = optimizer.state_dict()
+    tensors, other = {}, {}
+    for index, values in state["state"].items():
+        for key, value in values.items():
+            if torch.is_tensor(value):
+                tensors[f"state.{index}.{key}"] = value.detach().cpu().contiguous()
+            else:
+                other[f"{index}.{key}"] = value
+    metadata = {"param_groups": json.dumps(state["param_groups"]), "other": json.dumps(other)}
+    save_file(tensors, str(path), metadata=metadata)
+
+
+def load_optimizer(optimizer: torch.optim.Optimizer, path: Path) -> None:
+    """Inverse of ``save_optimizer``."""
+    from safetensors import safe_open
+
+    state: dict[int, dict[str, Any]] = {}
+    with safe_open(str(path), framework="pt") as f:
+        metadata = f.metadata()
+        for name in f.keys():
+            _, index, key = name.split(".", 2)
+            state.setdefault(int(index), {})[key] = f.get_tensor(name)
+    for name, value in json.loads(metadata["other"]).items():
+        index, key = name.split(".", 1)
+        state.setdefault(int(index), {})[key] = value
+    optimizer.load_state_dict({"state": state, "param_groups": json.loads(metadata["param_groups"])})
+
+
+def rng_state(device: torch.device) -> dict[str, torch.Tensor]:
+    """This process's torch RNG state (CPU, and CUDA on a GPU): dropout continues exactly on resume."""
+    state = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def _write_atomically(final: Path, write) -> None:
+    """Call ``write(tmp_folder)``, then rename the folder to ``final``: never a half-written ``final``."""
+    tmp = final.parent / f".tmp-{final.name}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    write(tmp)
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+
+
+def save_checkpoint(cfg: RunConfig, step: int, model, optimizer, accelerator) -> Path:
+    """Model, optimizer, scaler, step and every rank's RNG state; written by the main process only."""
+    from accelerate.utils import gather_object
+    from safetensors.torch import save_file, save_model
+
+    rngs = gather_object([rng_state(accelerator.device)])  # collective: every rank calls it
+    final = checkpoint_dir(cfg.output_dir, step)
+    if accelerator.is_main_process:
+
+        def write(folder: Path) -> None:
+            save_model(model, str(folder / "model.safetensors"))
+            save_optimizer(optimizer, folder / "optimizer.safetensors")
+            save_file(
+                {f"rank{r}.{k}": v.cpu() for r, state in enumerate(rngs) for k, v in state.items()},
+                str(folder / "rng.safetensors"),
+            )
+            scaler = accelerator.scaler.state_dict() if accelerator.scaler is not None else None
+            state = {
+                "step": step,
+                "world_size": accelerator.num_processes,
+                "scaler": scaler,
+                "config": asdict(cfg),
+            }
+            (folder / "state.json").write_text(json.dumps(state, indent=1))
+
+        _write_atomically(final, write)
+        for _, old in list_checkpoints(cfg.output_dir)[: -cfg.keep_checkpoints]:
+            shutil.rmtree(old, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def load_checkpoint(path: Path, model, optimizer, accelerator) -> int:
+    """Restore model, optimizer, scaler and this rank's RNG state from ``path``; return its step."""
+    from safetensors import safe_open
+    from safetensors.torch import load_model
+
+    state = json.loads((path / "state.json").read_text())
+    load_model(model, str(path / "model.safetensors"), device="cpu")
+    load_optimizer(optimizer, path / "optimizer.safetensors")
+    if accelerator.scaler is not None and state.get("scaler"):
+        accelerator.scaler.load_state_dict(state["scaler"])
+    if state["world_size"] == accelerator.num_processes:
+        with safe_open(str(path / "rng.safetensors"), framework="pt") as f:
+            prefix = f"rank{accelerator.process_index}."
+            torch.set_rng_state(f.get_tensor(prefix + "cpu"))
+            if accelerator.device.type == "cuda" and prefix + "cuda" in f.keys():
+                torch.cuda.set_rng_state(f.get_tensor(prefix + "cuda"), accelerator.device)
+    else:
+        accelerator.print(
+            f"note: {path} was written by {state['world_size']} process(es), this run has "
+            f"{accelerator.num_processes}: training continues, but the data order and dropout differ "
+            "from an uninterrupted run."
+        )
+        seed_everything(state["config"]["seed"] + state["step"])
+    return int(state["step"])
+
+
+def save_final_model(cfg: RunConfig, model, tokenizer, accelerator) -> Path:
+    """``<output_dir>/final``: a Hugging Face folder ``course_lib.models.load_model`` can load."""
+    final = Path(cfg.output_dir) / "final"
+    if accelerator.is_main_process:
+
+        def write(folder: Path) -> None:
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()  # a "Writing model shards" bar for one small file
+            model.save_pretrained(folder)
+            tokenizer.save_pretrained(folder)
+
+        _write_atomically(final, write)
+    accelerator.wait_for_everyone()
+    return final
+
+
+# ---------------------------------------------------------------------------------------------
+# Throughput
+# ---------------------------------------------------------------------------------------------
+
+
+def throughput(history: training.History, cfg: RunConfig, accelerator) -> dict[str, Any]:
+    """Padded tokens/s and samples/s of every process (median over optimizer steps) and their sum."""
+    from accelerate.utils import gather
+
+    step_s = history.median_step_time()
+    mine = torch.tensor(
+        [history.tokens_per_s(), cfg.batch_size * cfg.grad_accum_steps / step_s, step_s],
+        dtype=torch.float64,
+        device=accelerator.device,
+    )
+    rows = gather(mine.unsqueeze(0)).cpu().tolist()  # (processes, 3): collective
+    return {
+        "tokens_per_s": [r[0] for r in rows],
+        "samples_per_s": [r[1] for r in rows],
+        "median_step_s": [r[2] for r in rows],
+        "total_tokens_per_s": sum(r[0] for r in rows),
+        "total_samples_per_s": sum(r[1] for r in rows),
+    }
+
+
+def format_throughput(tp: dict[str, Any]) -> str:
+    """One line per process, then the total."""
+    lines = [
+        f"  rank {r}: {tok:,.0f} tokens/s, {smp:,.1f} samples/s, {s * 1000:.0f} ms/step"
+        for r, (tok, smp, s) in enumerate(zip(tp["tokens_per_s"], tp["samples_per_s"], tp["median_step_s"]))
+    ]
+    lines.append(
+        f"  total : {tp['total_tokens_per_s']:,.0f} tokens/s, {tp['total_samples_per_s']:,.1f} samples/s"
+    )
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# The command
+# ---------------------------------------------------------------------------------------------
+
+
+def run(cfg: RunConfig) -> dict[str, Any]:
+    """Train per ``cfg`` in this process (one rank of however many the launcher started)."""
+    accelerator = make_accelerator(cfg)
+    threads = set_cpu_threads() if accelerator.device.type == "cpu" else torch.get_num_threads()
+    log = accelerator.print  # the main process only
+    state = accelerator.state
+    log(
+        f"course_lib.train: {accelerator.num_processes} process(es), {state.distributed_type.value}"
+        f"{' (' + state.backend + ')' if state.backend else ''}, device {accelerator.device.type}, "
+        f"precision {accelerator.mixed_precision}, {threads} torch thread(s) per process"
+    )
+    seed_everything(cfg.seed)
+    with accelerator.main_process_first():  # a hub download happens once
+        tokenizer, train_split, val_split = load_splits(cfg)
+        model = models.load_model(cfg.model)
+    train_loader, eval_loader = make_loaders(cfg, accelerator, tokenizer, train_split, val_split)
+    optimizer = training.make_optimizer(model, cfg.lr, weight_decay=0.01)
+    steps = total_steps(cfg, len(train_loader))
+
+    start_step = 0
+    resume_from = find_resume_checkpoint(cfg)
+    if resume_from is not None:
+        start_step = load_checkpoint(resume_from, model, optimizer, accelerator)
+        log(f"resumed from {resume_from} at step {start_step}")
+    global_batch = cfg.batch_size * cfg.grad_accum_steps * accelerator.num_processes
+    log(
+        f"batch {cfg.batch_size} per process x {cfg.grad_accum_steps} accumulation x "
+        f"{accelerator.num_processes} process(es) = {global_batch} rows per step; "
+        f"{len(train_split)} training rows, {len(train_loader)} batches per process per epoch; "
+        f"steps {start_step + 1}..{steps}"
+    )
+    if start_step >= steps:
+        log(f"nothing to do: the checkpoint is at step {start_step} of {steps}.")
+        accelerator.end_training()
+        return {"steps_run": 0, "start_step": start_step}
+
+    def on_step(step: int) -> None:
+        if step % cfg.save_every == 0 or step == steps:
+            path = save_checkpoint(cfg, step, model, optimizer, accelerator)
+            log(f"step {step}: checkpoint {path}")
+        if cfg.stop_after_steps is not None and step >= cfg.stop_after_steps and step < steps:
+            log(f"--stop-after-steps {cfg.stop_after_steps}: exiting at step {step} as if killed")
+            sys.stdout.flush()
+            os._exit(EXIT_STOPPED)  # no clean-up at all, like SIGKILL
+
+    train_cfg = training.TrainConfig(
+        epochs=cfg.epochs,
+        max_steps=cfg.max_steps,
+        lr=cfg.lr,
+        precision=accelerator.mixed_precision,
+        grad_accum_steps=cfg.grad_accum_steps,
+        seed=cfg.seed,
+        progress=cfg.progress,
+        eval_every_epoch=cfg.evaluate,
+    )
+    started = time.perf_counter()
+    history = training.train(
+        model,
+        train_loader,
+        train_cfg,
+        eval_dataloader=eval_loader if cfg.evaluate else None,
+        accelerator=accelerator,
+        optimizer=optimizer,
+        start_step=start_step,
+        on_step=on_step,
+    )
+    wall_s = time.perf_counter() - started
+    tp = throughput(history, cfg, accelerator)
+    final = save_final_model(cfg, model, tokenizer, accelerator)
+    metrics = {
+        "config": asdict(cfg),
+        "processes": accelerator.num_processes,
+        "distributed_type": state.distributed_type.value,
+        "backend": state.backend,
+        "device": accelerator.device.type,
+        "precision": accelerator.mixed_precision,
+        "threads_per_process": threads,
+        "global_batch": global_batch,
+        "start_step": start_step,
+        "steps_run": len(history.losses),
+        "wall_s": wall_s,
+        "losses": history.losses,
+        "evals": history.evals,
+        **tp,
+    }
+    if accelerator.is_main_process:
+        (Path(cfg.output_dir) / "metrics.json").write_text(json.dumps(metrics, indent=1))
+    log(
+        f"final loss {history.losses[-1]:.4f}"
+        + (f", validation {history.evals[-1]}" if history.evals else "")
+    )
+    log(
+        "throughput (padded tokens and samples per second, median over optimizer steps):\n"
+        + format_throughput(tp)
+    )
+    log(f"final model: {final}; metrics: {Path(cfg.output_dir) / 'metrics.json'}")
+    accelerator.end_training()
+    return metrics
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m course_lib.train`` (and of ``notebook_launcher(main, args=(argv,))``)."""
+    cfg = parse_args(argv)
+    try:
+        run(cfg)
+    except (ValueError, FileNotFoundError, ConnectionError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

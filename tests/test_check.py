@@ -1,0 +1,67 @@
+"""The learner's self-check, `python -m course_lib.check NOTEBOOK` (`make check NB=...`).
+
+It runs a temporary copy, scores the visible tests as the autograder does, and never modifies the file.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+
+from course_lib.check import modified_locked_cells
+from course_lib.release import write_answers
+
+ROOT = Path(__file__).resolve().parents[1]
+EXERCISE = ROOT / "exercises" / "01_device_placement" / "01_device_placement.ipynb"
+
+
+def run_check(path: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "course_lib.check", str(path)], capture_output=True, text=True, timeout=600
+    )
+
+
+def test_untouched_release_fails_every_test_without_being_modified():
+    before, stamp = EXERCISE.read_bytes(), EXERCISE.stat().st_mtime_ns
+    neighbours = sorted(EXERCISE.parent.iterdir())
+    done = run_check(EXERCISE)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Score (点数): 0 / 12 points" in done.stdout, done.stdout
+    results = [line.split()[0] for line in done.stdout.splitlines() if line.startswith("  PASS") or line.startswith("  FAIL")]
+    assert results == ["FAIL"] * 6, done.stdout
+    assert "not solved yet" in done.stdout  # the unanswered cells are pointed out
+    assert EXERCISE.read_bytes() == before and EXERCISE.stat().st_mtime_ns == stamp, "the learner's file changed"
+    assert sorted(EXERCISE.parent.iterdir()) == neighbours, "the check left files beside the notebook"
+
+
+def test_correct_answers_get_full_marks(tmp_path):
+    answered = write_answers(ROOT, "01_device_placement", tmp_path)
+    before = answered.read_bytes()
+    done = run_check(answered)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Score (点数): 12 / 12 points" in done.stdout, done.stdout
+    assert "FAIL" not in done.stdout
+    assert answered.read_bytes() == before
+
+
+def test_edited_read_only_cells_are_reported():
+    nb = nbformat.read(EXERCISE, as_version=4)
+    assert modified_locked_cells(nb) == []
+    test_cell = next(c for c in nb.cells if c.metadata["nbgrader"].get("grade"))
+    test_cell.source = "print('all good')"
+    assert modified_locked_cells(nb) == [test_cell.metadata["nbgrader"]["grade_id"]]
+
+
+def test_bad_input_gets_an_error_that_says_what_to_do(tmp_path):
+    missing = run_check(tmp_path / "nope.ipynb")
+    assert missing.returncode == 2 and "Give the path of an exercise" in missing.stderr
+    text = tmp_path / "notes.txt"
+    text.write_text("hello")
+    assert "is not a notebook" in run_check(text).stderr
+    plain = tmp_path / "plain.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1 + 1")]), plain)
+    done = run_check(plain)
+    assert done.returncode == 2 and "not an exercise notebook" in done.stderr

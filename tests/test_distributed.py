@@ -1,0 +1,210 @@
+"""Data parallelism with two real gloo processes: sharding, replication, aggregation, sync, accumulation."""
+
+import pytest
+import torch
+from torch.utils.data import DistributedSampler
+
+from course_lib import data, models, training
+from course_lib import distributed as D
+
+ROWS = 8  # the global batch of the one-step checks: 2 ranks x 4 rows, or 2 ranks x 2 micro-batches x 2 rows
+LR = 0.5
+
+
+@pytest.mark.parametrize(
+    "n, world_size, shuffle, drop_last, epoch",
+    [
+        (10, 2, False, False, 0),
+        (11, 2, True, False, 3),
+        (10, 3, True, False, 1),
+        (10, 4, False, True, 0),
+        (3, 4, True, False, 0),
+    ],
+)
+def test_shard_indices_are_what_distributed_sampler_yields(n, world_size, shuffle, drop_last, epoch):
+    for rank in range(world_size):
+        sampler = DistributedSampler(
+            range(n), num_replicas=world_size, rank=rank, shuffle=shuffle, seed=7, drop_last=drop_last
+        )
+        sampler.set_epoch(epoch)
+        mine = D.shard_indices(n, world_size, rank, shuffle=shuffle, seed=7, epoch=epoch, drop_last=drop_last)
+        assert mine == list(sampler)
+
+
+def test_shards_cover_every_sample_once_and_pad_as_documented():
+    shards = [D.shard_indices(12, 3, r, shuffle=True, seed=1) for r in range(3)]
+    assert sorted(sum(shards, [])) == list(range(12))  # no overlap, nothing dropped
+    padded = [D.shard_indices(10, 4, r) for r in range(4)]  # 10 rows, 4 ranks: 3 each, 2 repeated
+    assert [len(s) for s in padded] == [3, 3, 3, 3]
+    flat = sum(padded, [])
+    assert sorted(set(flat)) == list(range(10)) and sorted(flat) == sorted(list(range(10)) + [0, 1])
+    dropped = [D.shard_indices(10, 4, r, drop_last=True) for r in range(4)]  # the tail is dropped instead
+    assert sorted(sum(dropped, [])) == list(range(8))
+
+
+@pytest.mark.parametrize(
+    "call, error",
+    [
+        (lambda: D.shard_indices(10, 0, 0), ValueError),
+        (lambda: D.shard_indices(10, 2, 2), ValueError),
+        (lambda: D.shard_indices(10, 2, -1), ValueError),
+        (lambda: D.shard_indices(-1, 2, 0), ValueError),
+        (lambda: D.check_backend("mpi"), ValueError),
+        (lambda: D.launch(D.sharding_worker, world_size=0), ValueError),
+        (lambda: D.launch(D.sharding_worker, start_method="thread"), ValueError),
+        (lambda: D.ShardedLoader([1, 2], batch_size=0), ValueError),
+        (lambda: D.ShardedLoader([], batch_size=2), ValueError),
+        (lambda: D.same_on_all_ranks(torch.zeros(1)), RuntimeError),
+        (lambda: D.average_gradients(torch.nn.Linear(1, 1)), RuntimeError),
+    ],
+)
+def test_bad_input_gets_a_clear_error(call, error):
+    with pytest.raises(
+        error, match=r"world_size|rank|n must|backend|start_method|batch_size|empty|process group"
+    ):
+        call()
+
+
+@pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="this machine can run nccl with 2 processes")
+def test_nccl_without_a_gpu_per_process_says_so():
+    with pytest.raises(RuntimeError, match="one CUDA GPU per process"):
+        D.check_backend("nccl", world_size=2)
+    assert D.default_backend(2) == "gloo"
+
+
+def test_a_notebook_function_cannot_be_spawned():
+    def work(rank, world_size):
+        return rank
+
+    work.__module__ = "__main__"
+    with pytest.raises(ValueError, match="cannot import it"):
+        D.launch(work, world_size=2)
+
+
+# --- two real processes ------------------------------------------------------------------------
+
+
+def _rows():
+    tokenizer = models.load_tokenizer("embedded")
+    split = data.load_mrpc("embedded")["train"].select(range(ROWS))
+    return data.tokenize_dataset(split, tokenizer), tokenizer
+
+
+def _model(seed: int):
+    torch.manual_seed(seed)
+    return D.disable_dropout(models.load_model("embedded"))
+
+
+def _one_step(model, loader, accelerator, grad_accum_steps: int) -> None:
+    cfg = training.TrainConfig(
+        max_steps=1, grad_accum_steps=grad_accum_steps, warmup_ratio=0, max_grad_norm=None, progress=False
+    )
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    training.train(model, loader, cfg, accelerator=accelerator, optimizer=optimizer)
+
+
+def _checks_worker(rank: int, world_size: int) -> dict:
+    """Runs in each of the two processes; what it returns is asserted on in the tests below."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    from course_lib import train as command
+
+    out: dict = {}
+    accelerator = command.make_accelerator(command.RunConfig(cpu=True, precision="no"))
+    out["num_processes"] = accelerator.num_processes
+
+    # Sharding: the command's loader over 11 rows (batch 3), two epochs.
+    loader = D.ShardedLoader(list(range(11)), 3, world_size=world_size, rank=rank, seed=5)
+    out["epochs"] = []
+    for epoch in range(2):
+        loader.sampler.set_epoch(epoch)
+        out["epochs"].append({"read": [b.tolist() for b in loader], "planned": loader.batch_indices()})
+
+    # Replication: deliberately different seeds per rank; after prepare (DDP) every rank holds rank 0's.
+    model = _model(seed=100 + rank)
+    out["own_init"] = D.flat_params(model)
+    accelerator.prepare(model)
+    out["start"] = D.flat_params(model)
+    out["start_same"] = D.same_on_all_ranks(out["start"])
+
+    tokenized, tokenizer = _rows()
+    collate = data.make_collator(tokenizer)
+
+    def count_calls(calls: list):
+        def hook(state, bucket):
+            calls.append(1)
+            return default_hooks.allreduce_hook(None, bucket)
+
+        return hook
+
+    # Aggregation and sync: one optimizer step, 4 rows per rank, through the course's training loop.
+    for name, batch_size, accum in [("step", 4, 1), ("accum", 2, 2)]:
+        model = accelerator.prepare(_model(seed=0))
+        calls: list = []
+        model.register_comm_hook(None, count_calls(calls))
+        shard = D.ShardedLoader(tokenized, batch_size, collate, world_size, rank, shuffle=False)
+        _one_step(model, shard, accelerator, accum)
+        params = D.flat_params(model)
+        out[name] = {
+            "rows": shard.batch_indices(),
+            "params": params,
+            "same": D.same_on_all_ranks(params),
+            "allreduce_calls": len(calls),
+        }
+    return out
+
+
+@pytest.fixture(scope="module")
+def ranks():
+    return D.launch(_checks_worker, world_size=2, backend="gloo")
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """One process, all 8 rows in one batch, the same SGD step."""
+    tokenized, tokenizer = _rows()
+    model = _model(seed=0)
+    loader = data.make_dataloader(tokenized, tokenizer, batch_size=ROWS)
+    cfg = training.TrainConfig(max_steps=1, warmup_ratio=0, max_grad_norm=None, progress=False, device="cpu")
+    training.train(model, loader, cfg, optimizer=torch.optim.SGD(model.parameters(), lr=LR))
+    return D.flat_params(model)
+
+
+def test_two_processes_joined_one_group(ranks):
+    assert [r["num_processes"] for r in ranks] == [2, 2]
+
+
+def test_sharding_every_sample_read_once_per_epoch_by_exactly_one_rank(ranks):
+    for epoch in range(2):
+        read = [r["epochs"][epoch]["read"] for r in ranks]
+        assert read == [r["epochs"][epoch]["planned"] for r in ranks]  # batches match the sampler's plan
+        rows = [sum(batches, []) for batches in read]
+        assert [len(x) for x in rows] == [6, 6]  # 11 rows on 2 ranks: DistributedSampler pads to 12
+        assert sorted(rows[0] + rows[1]) == sorted(list(range(11)) + [rows[0][0]])  # one row seen twice
+        assert rows == [D.shard_indices(11, 2, r, shuffle=True, seed=5, epoch=epoch) for r in range(2)]
+    assert ranks[0]["epochs"][0]["read"] != ranks[0]["epochs"][1]["read"]  # reshuffled each epoch
+
+
+def test_replication_all_ranks_start_from_rank_0s_parameters(ranks):
+    assert not torch.equal(ranks[0]["own_init"], ranks[1]["own_init"])  # the seeds really differed
+    assert torch.equal(ranks[0]["start"], ranks[1]["start"])
+    assert torch.equal(ranks[1]["start"], ranks[0]["own_init"])
+    assert ranks[0]["start_same"] and ranks[1]["start_same"]
+
+
+def test_one_step_identical_on_all_ranks_and_equal_to_one_process_on_the_whole_batch(ranks, reference):
+    assert sorted(sum(ranks[0]["step"]["rows"] + ranks[1]["step"]["rows"], [])) == list(range(ROWS))
+    assert torch.equal(ranks[0]["step"]["params"], ranks[1]["step"]["params"])
+    assert ranks[0]["step"]["same"] and ranks[1]["step"]["same"]
+    assert not torch.equal(ranks[0]["step"]["params"], ranks[0]["start"])  # the step did change them
+    # Padding differs between a batch of 4 and one of 8; masked positions do not change the result.
+    torch.testing.assert_close(ranks[0]["step"]["params"], reference, rtol=1e-4, atol=1e-5)
+
+
+def test_gradient_accumulation_under_ddp_skips_sync_and_equals_one_big_batch(ranks, reference):
+    for r in ranks:
+        assert len(r["accum"]["rows"]) == 2  # two micro-batches of 2 rows on each rank
+        # Two backward passes, but only the last one all-reduced: as many hook calls as one backward.
+        assert r["accum"]["allreduce_calls"] == r["step"]["allreduce_calls"] >= 1
+    assert torch.equal(ranks[0]["accum"]["params"], ranks[1]["accum"]["params"])
+    torch.testing.assert_close(ranks[0]["accum"]["params"], reference, rtol=1e-4, atol=1e-5)

@@ -1,0 +1,72 @@
+"""Repository-level promises: notebooks are fresh and clean, CI runs the README's command."""
+
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from course_lib import nbtools
+
+ROOT = Path(__file__).resolve().parents[1]
+LESSONS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+
+
+def test_there_are_four_lessons_in_order():
+    assert [p.name[:3] for p in LESSONS] == ["00_", "01_", "02_", "03_"]
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.name)
+def test_lesson_outputs_belong_to_its_code(path):
+    reason = nbtools.stale_reason(nbformat.read(path, as_version=4))
+    assert reason is None, (
+        f"{path.name} is stale: {reason}. Run `python -m course_lib.nbtools execute {path.relative_to(ROOT)}`."
+    )
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.name)
+def test_lesson_has_summary_and_no_stray_metadata(path):
+    nb = nbformat.read(path, as_version=4)
+    assert set(nb.metadata) <= set(nbtools.KEEP_NOTEBOOK_METADATA)
+    for cell in nb.cells:
+        assert set(cell.metadata) <= set(nbtools.KEEP_CELL_METADATA), f"stray cell metadata in {path.name}"
+    first = nb.cells[0].source
+    assert re.search(r"[A-Za-z]{4,}", first), "a lesson opens with a two-line English summary"
+    assert any("まとめ" in c.source for c in nb.cells if c.cell_type == "markdown"), (
+        "a lesson ends with まとめ"
+    )
+    assert any("NBVAL_CHECK_OUTPUT" in c.source for c in nb.cells), "deterministic cells are checked"
+
+
+def test_ci_runs_the_readme_test_command():
+    readme = (ROOT / "README.md").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "make test" in readme
+    assert re.search(r"^make test\s*$", ci, re.M)
+
+
+def test_torch_is_pinned_exactly_in_one_place():
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert '"torch==2.13.0"' in pyproject
+    assert "torch" not in (ROOT / "environment.yml").read_text().split("pip:")[1].replace("-e", "")
+
+
+def test_clean_strips_editor_metadata():
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["widgets"] = {"state": {}}
+    nb.metadata["toc"] = {}
+    cell = nbformat.v4.new_code_cell("1 + 1")
+    cell.metadata.update({"collapsed": True, "execution": {"iopub.status.busy": "x"}, "tags": ["keep"]})
+    nb.cells.append(cell)
+    nbtools.clean(nb)
+    assert set(nb.metadata) == {"kernelspec"}
+    assert cell.metadata == {"tags": ["keep"]}
+
+
+def test_stale_reason_detects_edited_code():
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1", execution_count=1)])
+    assert "never executed" in nbtools.stale_reason(nb)
+    nb.metadata["course"] = {"source_hash": nbtools.source_hash(nb)}
+    assert nbtools.stale_reason(nb) is None
+    nb.cells[0].source = "x = 2"
+    assert "changed" in nbtools.stale_reason(nb)

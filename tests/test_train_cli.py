@@ -1,0 +1,121 @@
+"""``python -m course_lib.train``: one process, two processes under torchrun, and kill / resume."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from course_lib import models
+from course_lib import train as command
+
+TINY = ["--cpu", "--train-rows", "32", "--eval-rows", "16", "--batch-size", "4", "--no-progress"]
+
+
+def _run(args: list[str], cwd: Path, processes: int = 1) -> subprocess.CompletedProcess:
+    launcher = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={processes}",
+    ]
+    cmd = (launcher if processes > 1 else [sys.executable]) + ["-m", "course_lib.train", *TINY, *args]
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600, env={**os.environ})
+
+
+def _ok(proc: subprocess.CompletedProcess) -> None:
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def _checkpoints(out: Path) -> list[str]:
+    return sorted(p.name for p in out.iterdir() if p.name.startswith(("checkpoint-", ".tmp")))
+
+
+def test_single_process_run_saves_checkpoints_final_model_and_metrics(tmp_path):
+    out = tmp_path / "one"
+    proc = _run(
+        ["--max-steps", "3", "--save-every", "1", "--keep-checkpoints", "2", "--output-dir", str(out)],
+        tmp_path,
+    )
+    _ok(proc)
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["processes"] == 1 and metrics["steps_run"] == 3 and metrics["global_batch"] == 4
+    assert len(metrics["tokens_per_s"]) == 1 and metrics["total_tokens_per_s"] == metrics["tokens_per_s"][0]
+    assert _checkpoints(out) == ["checkpoint-000002", "checkpoint-000003"]  # the newest 2, no temp folder
+    assert {p.name for p in (out / "checkpoint-000003").iterdir()} == {
+        "model.safetensors",
+        "optimizer.safetensors",
+        "rng.safetensors",
+        "state.json",
+    }
+    final = models.load_model(str(out / "final"))  # a Hugging Face folder the course can load
+    saved = load_file(str(out / "checkpoint-000003" / "model.safetensors"))
+    torch.testing.assert_close(final.classifier.weight, saved["classifier.weight"], rtol=0, atol=0)
+    assert "tokens/s" in proc.stdout and "total" in proc.stdout
+
+
+def test_torchrun_two_processes_and_a_killed_run_resumes_to_the_same_parameters(tmp_path):
+    full, killed = tmp_path / "full", tmp_path / "killed"
+    steps = ["--max-steps", "6", "--save-every", "2"]
+
+    proc = _run([*steps, "--output-dir", str(full)], tmp_path, processes=2)
+    _ok(proc)
+    metrics = json.loads((full / "metrics.json").read_text())
+    assert metrics["processes"] == 2 and metrics["backend"] == "gloo" and metrics["global_batch"] == 8
+    assert metrics["distributed_type"] == "MULTI_CPU" and metrics["steps_run"] == 6
+    assert len(metrics["tokens_per_s"]) == 2
+    assert metrics["total_tokens_per_s"] == pytest.approx(sum(metrics["tokens_per_s"]))
+    assert proc.stdout.count("course_lib.train:") == 1  # logged by the main process only
+    assert "rank 1:" in proc.stdout  # ... which reports every process's throughput
+
+    proc = _run([*steps, "--output-dir", str(killed), "--stop-after-steps", "3"], tmp_path, processes=2)
+    assert proc.returncode != 0  # it "died" at step 3, after the checkpoint of step 2
+    assert _checkpoints(killed) == ["checkpoint-000002"] and not (killed / "final").exists()
+
+    proc = _run([*steps, "--output-dir", str(killed), "--resume"], tmp_path, processes=2)
+    _ok(proc)
+    resumed = json.loads((killed / "metrics.json").read_text())
+    assert resumed["start_step"] == 2 and resumed["steps_run"] == 4
+    assert resumed["losses"] == pytest.approx(metrics["losses"][2:], rel=1e-6)
+    a = load_file(str(full / "final" / "model.safetensors"))
+    b = load_file(str(killed / "final" / "model.safetensors"))
+    assert a.keys() == b.keys()
+    for name in a:  # dropout is on: the RNG state was restored too
+        torch.testing.assert_close(b[name], a[name], rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--batch-size", "0"], "--batch-size must be >= 1"),
+        (["--max-steps", "0"], "--max-steps must be >= 1"),
+        (["--lr", "-1"], "--lr must be positive"),
+        (["--precision", "fp8"], "Unknown precision"),
+        (["--dataset", "imagenet"], "invalid choice"),
+    ],
+)
+def test_bad_flags_exit_2_with_a_message(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        command.parse_args(argv)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_resume_without_a_checkpoint_says_what_to_do(tmp_path):
+    cfg = command.RunConfig(output_dir=str(tmp_path), resume="latest")
+    with pytest.raises(FileNotFoundError, match="no checkpoint in"):
+        command.find_resume_checkpoint(cfg)
+    with pytest.raises(FileNotFoundError, match="not a checkpoint folder"):
+        command.find_resume_checkpoint(command.RunConfig(resume=str(tmp_path)))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="fp16 is fine on a GPU")
+def test_fp16_on_a_cpu_is_refused():
+    with pytest.raises(ValueError, match="bf16"):
+        command.resolve_precision("fp16", cpu=False)
+    assert command.resolve_precision("no", cpu=True) == "no"
