@@ -27,8 +27,11 @@ assets: $(MODEL)
 $(MODEL): | $(STAMP)
 	$(BIN)/python -m course_lib.build_assets
 
+# Jupyter refuses to run as root (containers) without --allow-root.
+ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
+
 lab: setup
-	$(RUN) jupyter lab --notebook-dir=. $(LAB_FLAGS)
+	$(RUN) jupyter lab --notebook-dir=. $(ROOT_FLAG) $(LAB_FLAGS)
 
 # Headless (a server, a container, a remote machine): prints the URL with its token.
 lab-headless: LAB_FLAGS = --no-browser --ip=127.0.0.1 --port=$(PORT)

@@ -8,6 +8,15 @@ Modules (each small, typed, tested):
     models        the embedded pretrained DistilBERT checkpoint, or a hub model
     training      the course's one training loop with precision/accumulation/clipping switches
     bench         timing, matmul throughput, peak memory; ``python -m course_lib.bench``
+    precision     float formats (bits, range, rounding), gradient underflow, StepProbe
+    widgets       ipywidgets explorers with a text fallback
+    plots         loss curves and bar charts of measured speed and memory
+    experiments   pretrained vs random init on the same budget; ``python -m course_lib.experiments``
+    distributed   sharding, replication, gradient all-reduce, launching N local processes
+    train         the training command for one process, torchrun and accelerate launch
+    nbtools       execute lessons in place, strip metadata, detect stale outputs
+    release       generate exercises/ from solutions/ and check it for drift
+    check         a learner's self-check of an exercise notebook
     build_assets  rebuild the embedded checkpoint: ``python -m course_lib.build_assets``
 """
 

@@ -25,6 +25,7 @@ import ctypes
 import gc
 import json
 import math
+import os
 import statistics
 import sys
 import tempfile
@@ -515,6 +516,11 @@ def cpu_peak_mb(implementation: str, size: str, precision: str, cfg: BenchConfig
 def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = print) -> list[dict[str, Any]]:
     """Measure every (size, precision, implementation) of ``cfg``, interleaved; return the rows."""
     device = get_device(cfg.device)
+    if device.type == "cuda" and device.index not in (None, 0):
+        raise ValueError(
+            f"Accelerator and Trainer always take the first visible GPU: instead of --device {device}, run "
+            f"with CUDA_VISIBLE_DEVICES={device.index} and --device cuda."
+        )
     if device.type == "cuda" and torch.cuda.device_count() > 1:
         raise RuntimeError(
             "More than one GPU is visible: Trainer would wrap the model in DataParallel and the rows "
@@ -522,6 +528,7 @@ def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = print) -> list[
         )
     precisions = cfg.precisions or default_precisions(device)
     machine = machine_summary(device)
+    load_start = _load_average()
     peaks = {}
     for p in dict.fromkeys([*precisions, "no"]):
         peaks[p] = matmul_gflops(autocast_dtype(p), device, max_n=16384 if device.type == "cuda" else 2048)[
@@ -602,8 +609,18 @@ def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = print) -> list[
                 )
         del template
         gc.collect()
+    load = [load_start, _load_average()]
+    for row in rows:
+        row["load_average"] = load  # 1-minute load at start and end: other work on the machine skews times
     add_ratios(rows)
     return rows
+
+
+def _load_average() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (OSError, AttributeError):
+        return None
 
 
 def add_ratios(rows: list[dict[str, Any]]) -> None:
@@ -621,7 +638,8 @@ def machine_summary(device: torch.device) -> str:
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
     else:
-        name = f"{cpu_name()}, {torch.get_num_threads()} threads"
+        threads = torch.get_num_threads()
+        name = f"{cpu_name()}, {threads} thread{'s' if threads != 1 else ''}"
     return f"{device.type}: {name}; torch {torch.__version__}"
 
 
@@ -729,6 +747,9 @@ def markdown_report(rows: Sequence[dict[str, Any]], cfg: BenchConfig, seconds: f
         if methods
         else "Peak memory not measured. "
     )
+    load = rows[0].get("load_average") if rows else None
+    if load and None not in load:
+        machine += f" (1-minute load average {load[0]:.1f} at the start, {load[1]:.1f} at the end, {os.cpu_count()} cores)"
     header = (
         f"Measured on {machine}. Batches of {cfg.batch_size} x {cfg.seq_len} tokens (padded), "
         f"{cfg.rounds} interleaved rounds x {cfg.steps} timed steps after {cfg.warmup} warm-up step(s), "
@@ -747,7 +768,10 @@ def write_json(rows: Sequence[dict[str, Any]], path: str | Path, cfg: BenchConfi
 
 
 def plot(rows: Sequence[dict[str, Any]], path: str | Path) -> None:
-    """Bar chart of tokens/s: one panel per model size, implementations grouped, a bar per precision."""
+    """Bar chart of tokens/s: a panel per model size, implementations grouped, a bar per precision.
+
+    Each bar is labelled with its ratio to the plain PyTorch loop in the same precision.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -757,23 +781,31 @@ def plot(rows: Sequence[dict[str, Any]], path: str | Path) -> None:
     impls = list(dict.fromkeys(r["implementation"] for r in rows))
     precisions = list(dict.fromkeys(r["precision"] for r in rows))
     index = {(r["model_size"], r["precision"], r["implementation"]): r for r in rows}
-    fig, axes = plt.subplots(1, len(sizes), figsize=(4.5 * len(sizes), 4), squeeze=False)
+    fig, axes = plt.subplots(1, len(sizes), figsize=(max(6.0, 4.5 * len(sizes)), 4.2), squeeze=False)
     width = 0.8 / len(precisions)
     for ax, size in zip(axes[0], sizes):
+        top = 0.0
         for j, precision in enumerate(precisions):
-            xs, ys = [], []
+            xs, ys, labels = [], [], []
             for i, impl in enumerate(impls):
                 r = index.get((size, precision, impl))
                 if r:
                     xs.append(i + (j - (len(precisions) - 1) / 2) * width)
                     ys.append(r["tokens_per_s"])
-            ax.bar(xs, ys, width, label=PRECISION_LABELS[precision])
+                    labels.append(_fmt(r.get("vs_pytorch"), ".2f", "x"))
+            bars = ax.bar(xs, ys, width, label=PRECISION_LABELS[precision])
+            ax.bar_label(bars, labels, fontsize=7, padding=2)
+            top = max([top, *ys])
+        ax.set_ylim(0, top * 1.3)
         ax.set_xticks(range(len(impls)), [LABELS[i] for i in impls], rotation=20, ha="right")
-        ax.set_title(f"{size} model")
+        ax.set_title(f"{size} model", fontsize=10)
         ax.set_ylabel("tokens / s")
-        ax.legend(title="precision")
+        ax.legend(title="precision", fontsize=8, title_fontsize=8, loc="upper right", ncols=len(precisions))
     machine = rows[0]["machine"] if rows else ""
-    fig.suptitle(f"Training throughput, same model, data and shapes ({machine})", fontsize=9)
+    fig.suptitle(
+        f"Training throughput, same model, data and shapes (labels: vs the PyTorch loop)\n{machine}",
+        fontsize=8,
+    )
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)

@@ -35,7 +35,7 @@ class PretrainConfig:
 
     vocab_size: int = 1200
     dim: int = 128
-    n_layers: int = 2
+    n_layers: int = 3
     n_heads: int = 4
     hidden_dim: int = 512
     max_position_embeddings: int = 128
@@ -47,6 +47,10 @@ class PretrainConfig:
     lr: float = 1e-3
     warmup_steps: int = 200
     mlm_probability: float = 0.25
+    # Of the selected tokens: 50 % become [MASK], 30 % a random token, 20 % stay. Many visible
+    # tokens may be wrong, so every position learns to check itself against the other sentence.
+    mask_replace_prob: float = 0.5
+    random_replace_prob: float = 0.3
     seed: int = 0
 
 
@@ -80,7 +84,11 @@ def build(out_dir: Path, cfg: PretrainConfig, log_every: int = 100) -> dict:
     )
     model = DistilBertForMaskedLM(config)
     collator = DataCollatorForLanguageModeling(
-        tokenizer, mlm_probability=cfg.mlm_probability, pad_to_multiple_of=8
+        tokenizer,
+        mlm_probability=cfg.mlm_probability,
+        mask_replace_prob=cfg.mask_replace_prob,
+        random_replace_prob=cfg.random_replace_prob,
+        pad_to_multiple_of=8,
     )
 
     def encode(pairs: list[tuple[str, str]]) -> list[dict]:

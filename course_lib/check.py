@@ -34,7 +34,7 @@ TIMEOUT_ERROR = {
 
 
 @dataclass
-class TestResult:
+class CellScore:
     """Score of one test cell."""
 
     grade_id: str
@@ -52,7 +52,7 @@ class CheckReport:
     """What a self-check found: per-test scores, answer cells that raised, edited test cells."""
 
     notebook: Path
-    tests: list[TestResult] = field(default_factory=list)
+    tests: list[CellScore] = field(default_factory=list)
     answer_errors: dict[str, str] = field(default_factory=dict)  # grade_id -> "NameError: ..."
     modified_cells: list[str] = field(default_factory=list)  # locked cells edited by the learner
     seconds: float = 0.0
@@ -134,6 +134,7 @@ def _drop_ignored_stderr(cell) -> None:
 def execute_copy(path: Path, timeout: int = CELL_TIMEOUT):
     """Run a copy of ``path`` in a temporary folder (a fresh kernel); return the executed notebook."""
     import nbformat
+    from jupyter_client.kernelspec import NoSuchKernel
     from nbclient import NotebookClient
 
     def record_timeout(cell, cell_index, execute_reply):  # nbclient reports a timeout only here
@@ -162,6 +163,11 @@ def execute_copy(path: Path, timeout: int = CELL_TIMEOUT):
         try:
             with kernel_log.open("w") as log:
                 client.execute(stderr=log)
+        except NoSuchKernel as err:
+            raise RuntimeError(
+                f"No Jupyter kernel named {kernel!r} here ({err}). Run the check inside the course's "
+                "environment: `make check NB=...`, or `python -m ipykernel install --user --name python3`."
+            ) from err
         except Exception:
             print(kernel_log.read_text(errors="replace")[-3000:], file=sys.stderr)
             raise
@@ -192,7 +198,7 @@ def check_notebook(path: str | Path, timeout: int = CELL_TIMEOUT) -> CheckReport
             _drop_ignored_stderr(cell)
             points, max_points = determine_grade(cell)
             error = _error_line(cell) or (None if points == max_points else "wrote to stderr")
-            report.tests.append(TestResult(grade_id, float(points or 0), float(max_points), error))
+            report.tests.append(CellScore(grade_id, float(points or 0), float(max_points), error))
         elif meta.get("solution") and (error := _error_line(cell)):
             report.answer_errors[grade_id] = error
     return report
@@ -201,7 +207,10 @@ def check_notebook(path: str | Path, timeout: int = CELL_TIMEOUT) -> CheckReport
 def format_report(report: CheckReport) -> str:
     """The report as the lines the learner sees."""
     width = max([len(t.grade_id) for t in report.tests] + [10])
-    lines = [f"Checked {report.notebook} in a temporary copy ({report.seconds:.0f} s); your file was not changed.", ""]
+    lines = [
+        f"Checked {report.notebook} in a temporary copy ({report.seconds:.0f} s); your file was not changed.",
+        "",
+    ]
     for t in report.tests:
         status = "PASS" if t.passed else "FAIL"
         line = f"  {status}  {t.grade_id:<{width}}  {t.points:g} / {t.max_points:g}"
@@ -211,7 +220,11 @@ def format_report(report: CheckReport) -> str:
     if report.answer_errors:
         lines += ["", "Answer cells that raised an error (解答セルのエラー):"]
         for grade_id, error in report.answer_errors.items():
-            hint = "  <- not solved yet (まだ解答されていません)" if error.startswith("NotImplementedError") else ""
+            hint = (
+                "  <- not solved yet (まだ解答されていません)"
+                if error.startswith("NotImplementedError")
+                else ""
+            )
             lines.append(f"  {grade_id}: {error[:160]}{hint}")
     if report.modified_cells:
         lines += [
@@ -229,14 +242,18 @@ def format_report(report: CheckReport) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m course_lib.check", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m course_lib.check",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("notebook", type=Path, help="the exercise notebook to check")
-    parser.add_argument("--timeout", type=int, default=CELL_TIMEOUT, help="seconds per cell (default: %(default)s)")
+    parser.add_argument(
+        "--timeout", type=int, default=CELL_TIMEOUT, help="seconds per cell (default: %(default)s)"
+    )
     args = parser.parse_args(argv)
     try:
         report = check_notebook(args.notebook, args.timeout)
-    except (FileNotFoundError, ValueError) as err:
+    except (FileNotFoundError, ValueError, RuntimeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(format_report(report))

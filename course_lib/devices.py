@@ -76,6 +76,11 @@ def cpu_has_fast_bf16() -> bool:
     return bool({"avx512_bf16", "amx_bf16"} & flags) or "bf16" in flags
 
 
+def cpu_has_fast_fp16() -> bool:
+    """True when the CPU has native fp16 arithmetic (AVX512-FP16 or AMX-FP16); most CPUs do not."""
+    return bool({"avx512_fp16", "amx_fp16"} & cpu_flags())
+
+
 def describe_machine() -> dict[str, Any]:
     """Versions, CPU model and features, GPU name/memory/capability, and fast precisions."""
     import accelerate
@@ -92,7 +97,9 @@ def describe_machine() -> dict[str, Any]:
         "cpu_cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "cpu_features": sorted(
-            f for f in ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile") if f in flags
+            f
+            for f in ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16", "amx_tile")
+            if f in flags
         ),
         "cuda_available": torch.cuda.is_available(),
         "mps_available": torch.backends.mps.is_available(),
@@ -139,8 +146,14 @@ def normalize_precision(precision: str | None) -> str:
     return p
 
 
-def best_precision(device: torch.device | str | None = None) -> str:
-    """The mixed precision worth using on ``device``: bf16 where native, fp16 on older GPUs, else no."""
+def best_precision(device: torch.device | str | None = None, measure: bool = False) -> str:
+    """The mixed precision worth using on ``device``: bf16 where native, fp16 on older GPUs, else no.
+
+    On a CPU the flags only say bf16 *instructions* exist (AVX512-BF16/AMX); whether they beat fp32
+    depends on the chip (AMX, or AVX512-BF16 on AMD Zen 4: yes; AVX512-BF16 alone on some Intel
+    VMs: no). With ``measure=True`` a quick matmul test (under a second) decides: bf16 only if it
+    runs at least 1.2x the fp32 GFLOP/s here.
+    """
     device = get_device(device)
     if device.type == "cuda":
         major, _ = torch.cuda.get_device_capability(device)
@@ -149,7 +162,15 @@ def best_precision(device: torch.device | str | None = None) -> str:
         return "fp16" if major >= 7 else "no"
     if device.type == "mps":
         return "fp16"
-    return "bf16" if cpu_has_fast_bf16() else "no"
+    if not cpu_has_fast_bf16():
+        return "no"
+    if measure:
+        from course_lib.bench import matmul_gflops
+
+        fp32 = matmul_gflops(torch.float32, device, n=512)["gflops"]
+        bf16 = matmul_gflops(torch.bfloat16, device, n=512)["gflops"]
+        return "bf16" if bf16 >= 1.2 * fp32 else "no"
+    return "bf16"
 
 
 def check_precision(precision: str | None, device: torch.device | str | None = None) -> str:
@@ -157,10 +178,15 @@ def check_precision(precision: str | None, device: torch.device | str | None = N
     p = normalize_precision(precision)
     device = get_device(device)
     if p == "fp16" and device.type == "cpu":
+        speed = (
+            "this CPU has AVX512-FP16, so fp16 matmuls are native here, but"
+            if cpu_has_fast_fp16()
+            else "on CPUs without AVX512-FP16 (most) fp16 matmuls run far slower than fp32, and"
+        )
         warnings.warn(
-            "fp16 on a CPU is a trap: autocast runs fp16 matmuls far slower than fp32 here, and "
-            "Accelerator(mixed_precision='fp16') / TrainingArguments(fp16=True) silently train in "
-            "fp32 on CPU. Use precision='bf16' (the CPU's mixed precision) or 'no'.",
+            f"fp16 on a CPU is a trap: {speed} Accelerator(mixed_precision='fp16') / "
+            "TrainingArguments(fp16=True) silently train in fp32 on a CPU. Use precision='bf16' "
+            "(the CPU's mixed precision) or 'no'.",
             PrecisionWarning,
             stacklevel=2,
         )

@@ -6,6 +6,7 @@ The building blocks that the training command (``python -m course_lib.train``) a
 * ``ShardedLoader``       a DataLoader over this rank's shard, its batches on this rank's device
 * ``launch``              run a function in N local processes joined by ``torch.distributed``; collect
                           what each rank returns (gloo on CPU, nccl with one GPU per process)
+* ``restore_signal_handlers``  wrap ``accelerate.notebook_launcher`` so the kernel keeps its handlers
 * ``average_gradients``   the all-reduce that DistributedDataParallel performs inside ``backward``
 * ``flat_params`` / ``flat_grads`` / ``same_on_all_ranks``  compare the replicas
 * ``sharding_worker`` / ``ddp_step_worker`` / ``single_process_step``  lesson 02's demonstrations;
@@ -17,9 +18,11 @@ from __future__ import annotations
 import datetime
 import math
 import os
+import signal
 import socket
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -201,7 +204,9 @@ def launch(
     dicts of them) comes back as a list in rank order. An exception in any rank is re-raised here.
 
     With ``start_method="spawn"`` (the default, safe everywhere) ``fn`` must be importable from a
-    module: a function defined in a notebook cannot be sent to a spawned process.
+    module: a function defined in a notebook cannot be sent to a spawned process. ``"fork"`` accepts
+    any function, but only before this process has run multi-threaded torch work (the children hang
+    in OpenMP otherwise) or touched CUDA.
     """
     check_world(world_size)
     backend = check_backend(backend, world_size)
@@ -251,6 +256,25 @@ def _run_rank(rank, fn, world_size, backend, port, threads, timeout_s, out_dir, 
         dist.barrier()
     finally:
         dist.destroy_process_group()
+
+
+@contextmanager
+def restore_signal_handlers(
+    names: Sequence[str] = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"),
+) -> Iterator[None]:
+    """Put this process's signal handlers back afterwards.
+
+    ``accelerate.notebook_launcher`` runs torch's elastic launcher inside the kernel, which installs
+    its own SIGTERM/SIGINT/SIGHUP/SIGQUIT handlers and leaves them there: interrupting or shutting
+    down the kernel later raises ``SignalException``. Wrap the launcher call in this.
+    """
+    saved = {sig: signal.getsignal(sig) for sig in (getattr(signal, n) for n in names if hasattr(signal, n))}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            if handler is not None:
+                signal.signal(sig, handler)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -476,11 +500,11 @@ def plot_shards(batches_per_rank: Sequence[Sequence[Sequence[int]]], n: int, ax=
                 grid[rank, row] = b
     if ax is None:
         _, ax = plt.subplots(figsize=(min(12, 1 + 0.35 * n), 0.6 + 0.55 * world_size))
-    ax.imshow(grid, aspect="auto", cmap="viridis")
+    ax.imshow(grid, aspect="auto", cmap="Pastel1", vmin=0, vmax=8)  # NaN (not read) stays white
     for rank, batches in enumerate(batches_per_rank):
         for b, rows in enumerate(batches):
             for row in rows:
-                ax.text(row, rank, str(b), ha="center", va="center", color="white", fontsize=8)
+                ax.text(row, rank, str(b), ha="center", va="center", fontsize=9)
     ax.set_yticks(range(world_size), [f"rank {r}" for r in range(world_size)])
     ax.set_xticks(range(n))
     ax.set_xlabel("sample index (number = batch on that rank, empty = not read)")

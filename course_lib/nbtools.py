@@ -49,11 +49,14 @@ def clean(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
         if cell.cell_type == "code":
             for out in cell.get("outputs", []):
                 out.get("metadata", {}).pop("execution", None)
-                # Widget views need the live kernel; keep their plain-text fallback only.
+                # Widget views (progress bars, explorers) need the live kernel; their text fallback
+                # would show a bar frozen at 0 %, so a note replaces it.
                 data = out.get("data", {})
                 if "application/vnd.jupyter.widget-view+json" in data:
                     data.pop("application/vnd.jupyter.widget-view+json")
-                    data.setdefault("text/plain", "(interactive widget: run the notebook to use it)")
+                    data["text/plain"] = (
+                        "(interactive widget or progress bar: run the notebook to see it live)"
+                    )
     return nb
 
 

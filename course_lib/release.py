@@ -63,7 +63,9 @@ def generate(root: Path, assignments: list[str], dest: Path) -> None:
         shutil.copy2(root / CONFIG, course / CONFIG)
         for name in assignments:
             shutil.copytree(
-                root / SOURCE / name, course / SOURCE / name, ignore=shutil.ignore_patterns(".ipynb_checkpoints")
+                root / SOURCE / name,
+                course / SOURCE / name,
+                ignore=shutil.ignore_patterns(".ipynb_checkpoints"),
             )
         cmd = [sys.executable, "-m", "nbgrader", "generate_assignment", "*", "--force", "--no-db"]
         done = subprocess.run(cmd, cwd=course, capture_output=True, text=True)
@@ -148,7 +150,11 @@ def check_release(root: Path, assignments: list[str] | None = None) -> list[str]
             problems += compare(Path(tmp) / name, root / RELEASE / name)
     if not assignments:
         release = root / RELEASE
-        extra = sorted(d.name for d in release.iterdir() if d.is_dir() and d.name not in names) if release.is_dir() else []
+        extra = (
+            sorted(d.name for d in release.iterdir() if d.is_dir() and d.name not in names)
+            if release.is_dir()
+            else []
+        )
         problems += [f"{release / name}: no source in {SOURCE}/ (stale)" for name in extra]
     return problems
 
@@ -194,12 +200,16 @@ def write_answers(root: Path, assignment: str, out: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m course_lib.release", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m course_lib.release",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("assignments", nargs="*", help="assignment names (default: all in solutions/)")
     parser.add_argument("--root", type=Path, default=Path("."), help="the course root (default: here)")
     parser.add_argument("--check", action="store_true", help="only check that exercises/ is up to date")
-    parser.add_argument("--answers", metavar="ASSIGNMENT", help="write the release with the reference answers")
+    parser.add_argument(
+        "--answers", metavar="ASSIGNMENT", help="write the release with the reference answers"
+    )
     parser.add_argument("--out", type=Path, help="folder for --answers")
     args = parser.parse_args(argv)
     try:
@@ -212,7 +222,9 @@ def main(argv: list[str] | None = None) -> int:
             problems = check_release(args.root, args.assignments)
             if problems:
                 print(f"{RELEASE}/ is stale against {SOURCE}/:", *problems, sep="\n  ")
-                print("Regenerate it with `make release` (python -m course_lib.release) and commit the result.")
+                print(
+                    "Regenerate it with `make release` (python -m course_lib.release) and commit the result."
+                )
                 return 1
             print(f"{RELEASE}/ is up to date with {SOURCE}/.")
             return 0

@@ -162,8 +162,18 @@ def make_accelerator(cfg: RunConfig):
     """
     from accelerate import Accelerator
 
-    precision = resolve_precision(cfg.precision, cfg.cpu)
-    return Accelerator(cpu=cfg.cpu, mixed_precision=precision, step_scheduler_with_optimizer=False)
+    launched = int(os.environ.get("WORLD_SIZE", "1"))  # what torchrun / accelerate launch started
+    # Without CUDA, Accelerate joins a multi-process launch only when told cpu=True (MULTI_CPU, gloo).
+    cpu = cfg.cpu or (launched > 1 and not torch.cuda.is_available())
+    precision = resolve_precision(cfg.precision, cpu)
+    accelerator = Accelerator(cpu=cpu, mixed_precision=precision, step_scheduler_with_optimizer=False)
+    if accelerator.num_processes != launched:
+        raise RuntimeError(
+            f"The launcher started {launched} processes but the Accelerator sees {accelerator.num_processes}: "
+            "each would train alone on the same output folder. Pass --cpu to train on CPUs, or check the "
+            "launcher's settings (accelerate config)."
+        )
+    return accelerator
 
 
 def set_cpu_threads() -> int:

@@ -8,6 +8,7 @@ plus the lines each technique adds, each marked with a ``# [technique]`` comment
 * ``# [clip]``       gradient clipping (after ``scaler.unscale_``)
 * ``# [accelerate]`` the same loop driven by an ``Accelerator`` (device placement, DDP, autocast)
 * ``# [ddp]``        gradient sync skipped on non-final micro-steps under DistributedDataParallel
+* ``# [resume]``     continue a checkpointed run from optimizer step ``start_step``; ``on_step`` hook
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ import math
 import statistics
 import time
 import warnings
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
+from itertools import islice
 from typing import Any
 
 import torch
@@ -144,11 +147,12 @@ def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> to
     return torch.optim.AdamW(groups, lr=lr)
 
 
-def make_scheduler(optimizer, total_steps: int, warmup_ratio: float):
-    """Linear warm-up, then linear decay to zero."""
+def make_scheduler(optimizer, total_steps: int, warmup_ratio: float, start_step: int = 0):
+    """Linear warm-up, then linear decay to zero; ``start_step`` continues a resumed run's schedule."""
     warmup = int(total_steps * warmup_ratio)
 
     def factor(step: int) -> float:
+        step += start_step
         if step < warmup:
             return (step + 1) / warmup
         return max(0.0, (total_steps - step) / max(1, total_steps - warmup))
@@ -163,28 +167,29 @@ def train(
     eval_dataloader=None,
     accelerator=None,
     optimizer: torch.optim.Optimizer | None = None,
+    start_step: int = 0,
+    on_step: Callable[[int], None] | None = None,
 ) -> History:
     """Fine-tune ``model`` on ``train_dataloader`` per ``config``; return the measured ``History``.
 
     Without ``accelerator`` the loop moves model and batches to ``config.device`` itself. With an
-    ``Accelerator`` it calls ``accelerator.prepare`` on the model, optimizer, dataloaders and
-    scheduler (pass them unprepared) and the precision comes from the Accelerator.
+    ``Accelerator`` it calls ``accelerator.prepare`` on the model, optimizer and dataloaders (pass
+    them unprepared) and the precision comes from the Accelerator.
+
+    Resuming: load the model and optimizer state (and the RNG state) first, then pass
+    ``start_step``: the learning-rate schedule and the data continue from that optimizer step.
+    ``on_step(step)`` runs after every optimizer step (e.g. to save a checkpoint).
     """
     cfg = config or TrainConfig()
-    seed_everything(cfg.seed)
+    if start_step == 0:
+        seed_everything(cfg.seed)  # a resumed run keeps the RNG state its caller restored [resume]
     if len(train_dataloader) == 0:
         raise ValueError("The training DataLoader is empty: there is nothing to train on.")
-    steps_per_epoch = math.ceil(len(train_dataloader) / cfg.grad_accum_steps)
-    total_steps = cfg.max_steps or steps_per_epoch * cfg.epochs
-    epochs = math.ceil(total_steps / steps_per_epoch)
-
     optimizer = optimizer or make_optimizer(model, cfg.lr, cfg.weight_decay)
-    scheduler = make_scheduler(optimizer, total_steps, cfg.warmup_ratio)
     if accelerator is not None:  # [accelerate]
         device, precision = accelerator.device, accelerator.mixed_precision
-        model, optimizer, train_dataloader, scheduler = accelerator.prepare(
-            model, optimizer, train_dataloader, scheduler
-        )
+        # The scheduler is not prepared: Accelerate would step it once per process per step.
+        model, optimizer, train_dataloader = accelerator.prepare(model, optimizer, train_dataloader)
         if eval_dataloader is not None:
             eval_dataloader = accelerator.prepare(eval_dataloader)
         scaler = None  # the Accelerator owns the GradScaler
@@ -195,17 +200,29 @@ def train(
         model.to(device)
         scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")  # [amp]
         is_main = True
+    # Counted after prepare: under N processes each one sees 1/N of the batches.
+    steps_per_epoch = math.ceil(len(train_dataloader) / cfg.grad_accum_steps)
+    total_steps = cfg.max_steps or steps_per_epoch * cfg.epochs
+    epochs = math.ceil(total_steps / steps_per_epoch)
+    scheduler = make_scheduler(optimizer, total_steps, cfg.warmup_ratio, start_step)  # [resume]
 
     history = History(config={**asdict(cfg), "precision": precision, "device": str(device)})
     model.train()
-    step = 0
-    bar = tqdm(total=total_steps, desc=f"train ({precision})", disable=not (cfg.progress and is_main))
-    for epoch in range(epochs):
+    step = start_step
+    first_epoch, skip = divmod(start_step, steps_per_epoch)  # [resume] where the checkpoint left off
+    bar = tqdm(
+        initial=start_step,
+        total=total_steps,
+        desc=f"train ({precision})",
+        disable=not (cfg.progress and is_main),
+    )
+    for epoch in range(first_epoch, epochs):
         if hasattr(getattr(train_dataloader, "sampler", None), "set_epoch"):
             train_dataloader.sampler.set_epoch(epoch)  # [ddp] a new shuffle each epoch
         synchronize(device)
         t0, tokens, micro = time.perf_counter(), 0, 0
-        for i, batch in enumerate(train_dataloader):
+        done = skip * cfg.grad_accum_steps if epoch == first_epoch else 0  # [resume] batches trained on
+        for i, batch in islice(enumerate(train_dataloader), done, None):
             last_micro = (micro + 1) % cfg.grad_accum_steps == 0 or i + 1 == len(train_dataloader)
             if accelerator is None:
                 batch = to_device(batch, device)
@@ -250,6 +267,8 @@ def train(
             bar.update(1)
             bar.set_postfix(loss=f"{history.losses[-1]:.3f}")
             t0, tokens, micro = time.perf_counter(), 0, 0
+            if on_step is not None:
+                on_step(step)  # [resume] e.g. save a checkpoint here
             if step >= total_steps:
                 break
         if eval_dataloader is not None and cfg.eval_every_epoch:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import nbformat
 
-from course_lib.check import modified_locked_cells
+from course_lib.check import main, modified_locked_cells
 from course_lib.release import write_answers
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,10 +30,16 @@ def test_untouched_release_fails_every_test_without_being_modified():
     done = run_check(EXERCISE)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "Score (点数): 0 / 12 points" in done.stdout, done.stdout
-    results = [line.split()[0] for line in done.stdout.splitlines() if line.startswith("  PASS") or line.startswith("  FAIL")]
+    results = [
+        line.split()[0]
+        for line in done.stdout.splitlines()
+        if line.startswith("  PASS") or line.startswith("  FAIL")
+    ]
     assert results == ["FAIL"] * 6, done.stdout
     assert "not solved yet" in done.stdout  # the unanswered cells are pointed out
-    assert EXERCISE.read_bytes() == before and EXERCISE.stat().st_mtime_ns == stamp, "the learner's file changed"
+    assert EXERCISE.read_bytes() == before and EXERCISE.stat().st_mtime_ns == stamp, (
+        "the learner's file changed"
+    )
     assert sorted(EXERCISE.parent.iterdir()) == neighbours, "the check left files beside the notebook"
 
 
@@ -55,13 +61,32 @@ def test_edited_read_only_cells_are_reported():
     assert modified_locked_cells(nb) == [test_cell.metadata["nbgrader"]["grade_id"]]
 
 
-def test_bad_input_gets_an_error_that_says_what_to_do(tmp_path):
-    missing = run_check(tmp_path / "nope.ipynb")
-    assert missing.returncode == 2 and "Give the path of an exercise" in missing.stderr
+def test_bad_input_gets_an_error_that_says_what_to_do(tmp_path, capsys):
+    assert main([str(tmp_path / "nope.ipynb")]) == 2
+    assert "Give the path of an exercise" in capsys.readouterr().err
     text = tmp_path / "notes.txt"
     text.write_text("hello")
-    assert "is not a notebook" in run_check(text).stderr
+    assert main([str(text)]) == 2
+    assert "is not a notebook" in capsys.readouterr().err
     plain = tmp_path / "plain.ipynb"
     nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1 + 1")]), plain)
-    done = run_check(plain)
-    assert done.returncode == 2 and "not an exercise notebook" in done.stderr
+    assert main([str(plain)]) == 2
+    assert "not an exercise notebook" in capsys.readouterr().err
+
+
+def test_make_check_runs_this_module():
+    done = subprocess.run(
+        ["make", "-n", "check", f"NB={EXERCISE}"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0 and f'python -m course_lib.check "{EXERCISE}"' in done.stdout, (
+        done.stdout + done.stderr
+    )
+
+
+def test_a_missing_kernel_gets_an_error_that_says_what_to_do(tmp_path, capsys):
+    nb = nbformat.read(EXERCISE, as_version=4)
+    nb.metadata["kernelspec"]["name"] = "no-such-kernel"
+    path = tmp_path / EXERCISE.name
+    nbformat.write(nb, path)
+    assert main([str(path)]) == 2
+    assert "No Jupyter kernel named 'no-such-kernel'" in capsys.readouterr().err

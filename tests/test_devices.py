@@ -96,3 +96,14 @@ def test_autocast_dtype():
     assert devices.autocast_dtype("bf16") is torch.bfloat16
     assert devices.autocast_dtype("fp16") is torch.float16
     assert devices.autocast_dtype("no") is torch.float32
+
+
+def test_measured_best_precision_follows_the_measurement(monkeypatch):
+    import course_lib.bench as bench
+
+    monkeypatch.setattr(devices, "cpu_has_fast_bf16", lambda: True)
+    speeds = {torch.float32: 100.0, torch.bfloat16: 300.0}
+    monkeypatch.setattr(bench, "matmul_gflops", lambda dtype, device=None, n=None: {"gflops": speeds[dtype]})
+    assert devices.best_precision("cpu", measure=True) == "bf16"
+    speeds[torch.bfloat16] = 50.0
+    assert devices.best_precision("cpu", measure=True) == "no"

@@ -81,6 +81,15 @@ def test_a_notebook_function_cannot_be_spawned():
         D.launch(work, world_size=2)
 
 
+def test_signal_handlers_are_put_back():
+    import signal
+
+    before = signal.getsignal(signal.SIGTERM)
+    with D.restore_signal_handlers():
+        signal.signal(signal.SIGTERM, lambda *_: None)  # what torch's elastic launcher does
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
 # --- two real processes ------------------------------------------------------------------------
 
 

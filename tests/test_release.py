@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -11,7 +12,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_lib.release import fill_answers, find_assignments, strip_solution_markers
+from course_lib.release import check_release, fill_answers, find_assignments, main, strip_solution_markers
 
 ROOT = Path(__file__).resolve().parents[1]
 ASSIGNMENTS = find_assignments(ROOT)
@@ -58,16 +59,31 @@ def test_release_holds_no_solution_and_no_hidden_test(name):
     assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), "the release has outputs"
 
 
+def lesson_headings(name: str) -> list[str]:
+    """The Markdown headings of lesson ``notebooks/<name>.ipynb``, without '#', numbers and spaces."""
+    nb = nbformat.read(ROOT / "notebooks" / f"{name}.ipynb", as_version=4)
+    lines = [line for c in nb.cells if c.cell_type == "markdown" for line in c.source.splitlines()]
+    return [re.sub(r"^#+\s*[\d.]*\s*", "", line).replace(" ", "") for line in lines if line.startswith("#")]
+
+
 @pytest.mark.parametrize("name", ASSIGNMENTS)
-def test_exercises_name_their_lesson_section_in_japanese(name):
+def test_every_task_names_an_existing_section_of_its_lesson(name):
     nb = nbformat.read(ROOT / "solutions" / name / f"{name}.ipynb", as_version=4)
     tasks = [c.source for c in nb.cells if c.cell_type == "markdown" and c.source.startswith("## ")]
     graded = [c for c in nb.cells if c.metadata["nbgrader"].get("grade")]
     assert tasks and graded and all(c.metadata["nbgrader"]["points"] > 0 for c in graded)
+    headings = lesson_headings(name)
     for task in tasks:
-        if "採点されません" in task:
+        if "採点されません" in task:  # the ungraded "try it" section
             continue
-        assert f"`notebooks/{name}.ipynb` の「" in task, f"{name}: a task does not say which lesson section it practises"
+        (line,) = [x for x in task.splitlines() if x.startswith("練習するレッスンの節:")]
+        assert f"`notebooks/{name}.ipynb` の「" in line, (
+            f"{name}: {task.splitlines()[0]} does not name its lesson"
+        )
+        for title in re.findall(r"「(.+?)」", line):
+            assert any(title.replace(" ", "") in h for h in headings), (
+                f"{name}: {task.splitlines()[0]} names the section 「{title}」, which notebooks/{name}.ipynb lacks"
+            )
 
 
 def test_check_finds_an_edited_solution_and_release_fixes_it(course):
@@ -77,41 +93,49 @@ def test_check_finds_an_edited_solution_and_release_fixes_it(course):
     test_cell.source += "\nassert True"
     nbformat.write(nb, path)
 
-    stale = release("--check", root=course)
+    stale = release("--check", "02_distributed_concepts", root=course)
     assert stale.returncode == 1
     gid = test_cell.metadata["nbgrader"]["grade_id"]
     assert f"({gid}): source differs" in stale.stdout, stale.stdout
     assert "make release" in stale.stdout
 
-    assert release(root=course).returncode == 0
-    assert release("--check", root=course).returncode == 0
+    assert release("02_distributed_concepts", root=course).returncode == 0
+    assert check_release(course, ["02_distributed_concepts"]) == []
 
 
 def test_check_compares_cells_not_bytes(course):
     path = course / "exercises" / "00_intro" / "00_intro.ipynb"
     data = json.loads(path.read_text(encoding="utf-8"))
-    path.write_text(json.dumps(data, indent=4, ensure_ascii=True), encoding="utf-8")  # other bytes, same cells
-    assert release("--check", "00_intro", root=course).returncode == 0
+    path.write_text(
+        json.dumps(data, indent=4, ensure_ascii=True), encoding="utf-8"
+    )  # other bytes, same cells
+    assert check_release(course, ["00_intro"]) == []
     data["cells"][1]["metadata"]["nbgrader"]["points"] = 99
     path.write_text(json.dumps(data), encoding="utf-8")
-    done = release("--check", "00_intro", root=course)
-    assert done.returncode == 1 and "nbgrader metadata differs" in done.stdout, done.stdout
+    (problem,) = check_release(course, ["00_intro"])
+    assert problem.endswith("cell 1 (setup): nbgrader metadata differs"), problem
 
 
 def test_check_finds_missing_and_leftover_exercises(course):
-    shutil.rmtree(course / "exercises" / "03_mixed_precision")
+    for name in ASSIGNMENTS[1:]:  # keep the test quick: generate one assignment
+        shutil.rmtree(course / "solutions" / name)
+        shutil.rmtree(course / "exercises" / name)
+    (course / "exercises" / "00_intro" / "00_intro.ipynb").unlink()
     (course / "exercises" / "99_old").mkdir()
-    (course / "exercises" / "99_old" / "99_old.ipynb").write_text("{}")
-    done = release("--check", root=course)
-    assert done.returncode == 1
-    assert "03_mixed_precision.ipynb: missing" in done.stdout and "99_old: no source" in done.stdout, done.stdout
+    problems = check_release(course)
+    assert len(problems) == 2 and problems[0].endswith("00_intro.ipynb: missing"), problems
+    assert problems[1].endswith("99_old: no source in solutions/ (stale)"), problems
 
 
-def test_bad_input_gets_an_error_that_says_what_to_do(tmp_path, course):
-    elsewhere = release("--check", root=tmp_path)
-    assert elsewhere.returncode == 2 and "is not the course root" in elsewhere.stderr
-    unknown = release("--check", "04_nope", root=course)
-    assert unknown.returncode == 2 and "choose from 00_intro" in unknown.stderr
+def test_bad_input_gets_an_error_that_says_what_to_do(tmp_path, course, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["--check", "--root", str(empty)]) == 2
+    assert "is not the course root" in capsys.readouterr().err
+    assert main(["--check", "04_nope", "--root", str(course)]) == 2
+    assert "choose from 00_intro" in capsys.readouterr().err
+    assert main(["--answers", "00_intro", "--out", str(empty), "--root", str(empty)]) == 2
+    assert "is not the course root" in capsys.readouterr().err
 
 
 def test_answers_fill_every_answer_cell_with_the_reference(tmp_path):
@@ -131,6 +155,13 @@ def test_answers_fill_every_answer_cell_with_the_reference(tmp_path):
 
 def test_fill_answers_rejects_a_foreign_notebook():
     release_nb = nbformat.read(ROOT / "exercises" / "00_intro" / "00_intro.ipynb", as_version=4)
-    other = nbformat.read(ROOT / "solutions" / "01_device_placement" / "01_device_placement.ipynb", as_version=4)
+    other = nbformat.read(
+        ROOT / "solutions" / "01_device_placement" / "01_device_placement.ipynb", as_version=4
+    )
     with pytest.raises(KeyError, match="no counterpart"):
         fill_answers(release_nb, other)
+
+
+def test_make_release_runs_this_module():
+    done = subprocess.run(["make", "-n", "release"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "python -m course_lib.release" in done.stdout, done.stdout + done.stderr
