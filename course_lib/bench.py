@@ -10,8 +10,11 @@ it: docs/benchmark.md) lives in ``course_lib.bench_harness``.
 Peak memory:
 * CUDA: the caching allocator's peak (``torch.cuda.max_memory_allocated``) around the work.
 * CPU: there is no allocator counter, so the work runs in a *fresh* Python subprocess and we report
-  that process's peak resident set size (``ru_maxrss``) minus its resident size just before the
-  work started (after imports and set-up). This counts real memory the work touched.
+  that process's peak resident set size minus its resident size just before the work started
+  (after imports and set-up). This counts real memory the work touched. The peak is the kernel's
+  ``VmHWM`` high-water mark, reset to the current size just before the work (``/proc/self/clear_refs``)
+  so set-up peaks do not count. Not ``ru_maxrss``: Linux carries the *parent's* peak into a
+  forked child, so a child of a big process would report the parent's size.
 """
 
 from __future__ import annotations
@@ -114,14 +117,26 @@ import importlib, json, resource, sys
 def rss_mb():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * resource.getpagesize() / 2**20
+def hwm_mb():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024  # kB
+    raise OSError("no VmHWM in /proc/self/status")
 spec = json.loads(sys.argv[1])
 module, _, name = spec["target"].partition(":")
 fn = getattr(importlib.import_module(module), name)
 setup = fn(**spec["kwargs"])        # returns a zero-argument callable: the work to measure
 before = rss_mb()
+try:
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")                # reset the high-water mark to the current RSS (Linux 4.0+)
+    reset = True
+except OSError:
+    reset = False                   # then the peak may include set-up's own peak
 result = setup()
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-print("__RESULT__" + json.dumps({"before_mb": before, "peak_mb": peak, "result": result}))
+peak = hwm_mb()
+print("__RESULT__" + json.dumps({"before_mb": before, "peak_mb": peak, "peak_reset": reset, "result": result}))
 """
 
 
@@ -130,10 +145,12 @@ def peak_rss_mb_subprocess(target: str, timeout: float = 600, **kwargs) -> dict:
 
     ``function(**kwargs)`` must do its set-up (imports, model, data) and return a zero-argument
     callable that does the work and returns something JSON-serialisable. Returns
-    ``{"before_mb", "peak_mb", "work_mb", "result"}`` where ``work_mb = peak_mb - before_mb``.
+    ``{"before_mb", "peak_mb", "work_mb", "peak_reset", "result"}`` where
+    ``work_mb = peak_mb - before_mb`` (``peak_reset`` False: the kernel could not reset the
+    high-water mark, so ``peak_mb`` may include the set-up's own peak).
     """
     if not sys.platform.startswith("linux"):
-        raise OSError("peak_rss_mb_subprocess reads /proc and ru_maxrss: it needs Linux.")
+        raise OSError("peak_rss_mb_subprocess reads /proc: it needs Linux. Use --no-memory elsewhere.")
     proc = subprocess.run(
         [sys.executable, "-c", _CHILD, json.dumps({"target": target, "kwargs": kwargs})],
         capture_output=True,

@@ -26,15 +26,16 @@ def _no_dropout(model):
 
 @pytest.mark.parametrize("precision", ["no", "bf16"])
 def test_training_lowers_the_loss_and_records_history(tokenized, tok, precision):
+    """On 32 rows for 10 epochs the loop must fit the data: the loss falls and history is complete."""
     train_dl, val_dl = data.make_dataloaders(
-        tokenized, tok, batch_size=16, precision=precision, train_rows=320, eval_rows=64
+        tokenized, tok, batch_size=8, precision=precision, train_rows=32, eval_rows=32
     )
     model = models.load_model("embedded")
-    cfg = training.TrainConfig(epochs=2, lr=1e-3, precision=precision, progress=False)
+    cfg = training.TrainConfig(epochs=10, lr=1e-3, warmup_ratio=0.05, precision=precision, progress=False)
     history = training.train(model, train_dl, cfg, eval_dataloader=val_dl)
-    assert len(history.losses) == 40 and len(history.evals) == 2
+    assert len(history.losses) == 40 and len(history.evals) == 10
     assert all(math.isfinite(x) for x in history.losses)
-    assert sum(history.losses[-10:]) < sum(history.losses[:10])
+    assert sum(history.losses[-4:]) < 0.7 * sum(history.losses[:4])
     assert history.tokens_per_s() > 0 and history.median_step_time() > 0
     assert history.config["precision"] == precision
 
