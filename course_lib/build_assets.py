@@ -4,8 +4,10 @@ Steps (all offline, deterministic for a given torch build and thread count):
 1. Train a lower-cased WordPiece vocabulary on the course's own pretraining corpus: unlabelled
    pairs of sentences that state the same fact in different words (``corpus.pretraining_pairs``).
 2. Pretrain a small DistilBERT (same architecture family as ``distilbert-base-uncased``, scaled down)
-   with masked-language modelling on those pairs, ``[CLS] a [SEP] b [SEP]``: to fill a masked
-   number or name the model learns to find it across the separator.
+   with masked-language modelling on those pairs, ``[CLS] a [SEP] b [SEP]``. The intent is that the
+   model learns to find a masked number or name across the separator; measured, the embedded
+   checkpoint does not (it predicts the right *kind* of word, not the fact of the other sentence:
+   see ``course_lib.experiments.swap_fact`` and lesson 01).
 3. Save config, ``model.safetensors`` and tokenizer files in Hugging Face format, plus
    ``pretraining.json`` with the recipe and the measured held-out masked-token accuracy.
 

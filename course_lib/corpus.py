@@ -436,8 +436,9 @@ def generate_split(name: str, seed: int = 0) -> dict[str, list]:
 def pretraining_pairs(n: int, seed: int = 1) -> Iterator[tuple[str, str]]:
     """``n`` unlabelled sentence pairs: one record written twice (the masked-LM pretraining corpus).
 
-    Masked-LM on such pairs (as in XLM's translation LM) teaches the model to look across the
-    separator for the same fact in other words, which is what paraphrase detection needs later.
+    Masked-LM on such pairs (as in XLM's translation LM) is meant to teach a model to look across
+    the separator for the same fact in other words, which paraphrase detection needs later (the
+    small embedded checkpoint does not get that far: see ``course_lib.experiments.swap_fact``).
     The records come from their own random stream, never from the labelled splits.
     """
     rng = random.Random(f"pretraining-corpus/{seed}")

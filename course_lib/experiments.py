@@ -4,11 +4,12 @@ Two measurements of what the pretrained checkpoint knows, each against the same 
 random weights (``from_config``):
 
 - ``masked_token_accuracy`` / ``fill_mask_examples``: the pretraining task itself (masked-LM) on
-  held-out sentence pairs the checkpoint never saw. This is what the embedded checkpoint learned.
+  sentence pairs the checkpoint never saw. ``swap_fact`` changes the fact in sentence 1 to test
+  whether a guess is read from the other sentence or comes from the model's prior alone.
 - ``pretrained_vs_scratch``: fine-tune both on the paraphrase task with the same data, budget and
-  seed. With ``distilbert-base-uncased`` this is where pretraining pays off; the embedded 0.78 M
-  parameter model is too small to learn the cross-sentence task on a CPU budget, and the numbers
-  show that honestly (compare them with ``majority_accuracy``).
+  seed, next to ``majority_accuracy`` (the bar a classifier must clear). With
+  ``distilbert-base-uncased`` this is where pretraining pays off; the embedded 0.78 M-parameter
+  model does not learn the cross-sentence task on a CPU budget, and the numbers say so.
 """
 
 from __future__ import annotations
@@ -29,13 +30,13 @@ from course_lib.devices import normalize_precision, seed_everything
 RUNS = ("pretrained", "scratch")
 MASK_SHARE = 0.15  # share of the non-special tokens masked by masked_token_accuracy
 
-# One fact masked in the second sentence; the answer stands in the first (the checkpoint has to
-# look across [SEP] for it). (sentence1, sentence2, answer: a word of sentence2 to mask)
+# One fact masked in the second sentence; the same fact stands in the first one, so a model that
+# compares the two sentences can copy it across [SEP]. (sentence1, sentence2, answer: a word of both)
 FILL_MASK_EXAMPLES: list[tuple[str, str, str]] = [
     (
-        "Globex said on Monday that its quarterly profit rose 12 percent to $45 million.",
-        "Quarterly profit at Globex rose 12 percent to $45 million, the company said on Monday.",
-        "Globex",
+        "Initech said on Monday that its quarterly profit rose 12 percent to $45 million.",
+        "Quarterly profit at Initech rose 12 percent to $45 million, the company said on Monday.",
+        "Initech",
     ),
     (
         "Police in Denver arrested 40 protesters on Friday after a protest near the stadium.",
@@ -43,9 +44,9 @@ FILL_MASK_EXAMPLES: list[tuple[str, str, str]] = [
         "Denver",
     ),
     (
-        "Initech said it would cut nearly 3200 jobs in Osaka by July.",
-        "By July, Initech plans to cut about 3200 jobs at its Osaka site.",
-        "Osaka",
+        "Globex said it would cut nearly 3200 jobs in Osaka by July.",
+        "By July, Globex plans to cut about 3200 jobs at its Osaka site.",
+        "July",
     ),
 ]
 
@@ -184,6 +185,18 @@ def fill_mask_examples(
             guess = model(**enc).logits[0, where].argmax(-1)  # (tokens of the answer,)
             row[run] = tokenizer.decode(guess)
     return rows
+
+
+def swap_fact(example: tuple[str, str, str], alternatives: list[str]) -> list[tuple[str, str, str]]:
+    """The ``example`` once per alternative, its answer replaced by that alternative in both sentences.
+
+    Fed to ``fill_mask_examples``, this tests whether a guess comes from sentence 1 (it follows the
+    alternative) or only from the model's prior over the slot (it stays the same).
+    """
+    sentence1, sentence2, answer = example
+    if answer not in sentence1 or answer not in sentence2:
+        raise ValueError(f"answer {answer!r} must occur in both sentences of {example!r}.")
+    return [(sentence1.replace(answer, alt), sentence2.replace(answer, alt), alt) for alt in alternatives]
 
 
 def masked_lm_table(mlm: dict[str, float]) -> str:

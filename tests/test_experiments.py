@@ -1,24 +1,77 @@
+import math
 from dataclasses import asdict
 
 import pytest
 
-from course_lib import experiments
+from course_lib import corpus, experiments
 from course_lib.training import History
 
-# The budget the lesson (notebooks/01) and the README table use: the defaults of ComparisonConfig.
-BUDGET: dict = {}
-MARGIN = 0.05  # validation accuracy points the pretrained start must win by
+SLOT_WORDS = {  # the words the corpus can put in each example's masked slot, lower-cased
+    "Initech": {w.lower() for w in corpus.COMPANIES},
+    "Denver": {w.lower() for w in corpus.CITIES},
+    "July": {w.lower() for w in corpus.MONTHS},
+}
 
 
 @pytest.fixture(scope="module")
-def comparison():
-    return experiments.pretrained_vs_scratch(**BUDGET, progress=False)
+def masked_lm():
+    return experiments.compare_masked_lm(pairs=200)
 
 
-def test_pretrained_checkpoint_beats_random_init_on_the_same_budget(comparison):
-    pre, scratch = comparison["pretrained"], comparison["scratch"]
-    assert pre["accuracy"] > scratch["accuracy"] + MARGIN, experiments.markdown_table(comparison)
-    assert pre["accuracy"] > comparison["majority_accuracy"] + MARGIN, experiments.markdown_table(comparison)
+@pytest.fixture(scope="module")
+def fill_mask():
+    return experiments.fill_mask_examples()
+
+
+def test_pretrained_checkpoint_knows_the_corpus_language_random_init_does_not(masked_lm):
+    table = experiments.masked_lm_table(masked_lm)
+    assert masked_lm["pretrained"] > 0.5, table
+    assert masked_lm["scratch"] < 0.05, table
+    assert masked_lm["chance"] == pytest.approx(1 / 1200, rel=0.01)
+
+
+def test_masked_token_accuracy_is_deterministic_and_held_out():
+    assert experiments.masked_token_accuracy(pairs=20) == experiments.masked_token_accuracy(pairs=20)
+    heldout = experiments.heldout_pretraining_pairs(5)
+    trained = list(corpus.pretraining_pairs(40_000, seed=0))
+    assert len(heldout) == 5 and not set(heldout) & set(trained)
+    with pytest.raises(ValueError, match="held-out"):
+        experiments.heldout_pretraining_pairs(1001)
+
+
+def test_fill_mask_pretrained_guesses_the_right_kind_of_word(fill_mask):
+    assert [row["answer"] for row in fill_mask] == list(SLOT_WORDS)
+    for row in fill_mask:
+        assert row["sentence2"].count("[MASK]") == 1 and row["answer"] not in row["sentence2"]
+        words = SLOT_WORDS[row["answer"]]
+        assert row["pretrained"] in words, row  # a company for a company, a city for a city, ...
+        assert row["scratch"] not in words, row
+
+
+def test_swap_fact_replaces_the_answer_in_both_sentences():
+    swapped = experiments.swap_fact(experiments.FILL_MASK_EXAMPLES[0], ["Globex", "Hooli"])
+    assert [answer for _, _, answer in swapped] == ["Globex", "Hooli"]
+    assert all("Hooli" in s1 and "Hooli" in s2 and "Initech" not in s1 + s2 for s1, s2, _ in swapped[1:])
+    rows = experiments.fill_mask_examples(swapped)
+    assert [row["sentence1"] for row in rows] == [s1 for s1, _, _ in swapped]
+    with pytest.raises(ValueError, match="both sentences"):
+        experiments.swap_fact(("a b", "c d", "b"), ["x"])
+    with pytest.raises(ValueError, match="does not occur"):
+        experiments.fill_mask_examples([("a b", "c d", "b")])
+
+
+def test_masked_lm_table():
+    lines = experiments.masked_lm_table(
+        {"pretrained": 0.7, "scratch": 0.002, "chance": 1 / 1200, "pairs": 200}
+    )
+    lines = lines.splitlines()
+    assert lines[0] == "| weights | masked-token accuracy |"
+    assert lines[2:5] == [
+        "| pretrained checkpoint | 0.700 |",
+        "| random init | 0.002 |",
+        "| (chance: 1 / vocabulary size) | 0.001 |",
+    ]
+    assert lines[-1].startswith("Held-out pretraining pairs: 200, 15% ")
 
 
 def test_both_runs_share_one_budget_and_record_everything():
@@ -33,6 +86,7 @@ def test_both_runs_share_one_budget_and_record_everything():
         assert history.config == result["histories"]["pretrained"].config  # the same budget
         assert 0.0 <= r["accuracy"] <= 1.0 and 0.0 <= r["f1"] <= 1.0 and r["seconds"] > 0
         assert r["accuracy"] == r["evals"][-1]["accuracy"]
+        assert all(math.isfinite(x) for x in r["losses"]) and math.isfinite(r["eval_loss"])
     assert result["pretrained"]["losses"] != result["scratch"]["losses"]
     assert 0.5 <= result["majority_accuracy"] <= 1.0
 
@@ -69,9 +123,10 @@ def test_markdown_table_lists_both_runs_and_the_baseline():
 
 
 def test_cli_prints_a_table_and_rejects_bad_input(capsys):
-    argv = ["--epochs", "1", "--batch-size", "16", "--train-rows", "16", "--no-progress"]
+    argv = ["--epochs", "1", "--batch-size", "16", "--train-rows", "16", "--mlm-pairs", "8", "--no-progress"]
     assert experiments.main(argv) == 0
     out = capsys.readouterr().out
     assert "| pretrained checkpoint |" in out and "| random init |" in out
+    assert "| weights | masked-token accuracy |" in out and "| start from | val accuracy |" in out
     assert experiments.main(["--precision", "fp8", "--no-progress"]) == 2
     assert "Unknown precision" in capsys.readouterr().err
