@@ -580,6 +580,13 @@ def _measure_size(
     template = build_model(size, cfg.seed, cfg.seq_len)
     n_total, n_matmul = models.count_parameters(template), count_matmul_parameters(template)
     log(f"\n== {size}: {n_total / 1e6:.1f} M parameters ({n_matmul / 1e6:.1f} M in matmuls) ==")
+    for precision in precisions:  # a slow path (fp16 on most CPUs) can take hours: say so up front
+        floor = model_flops_per_token(n_matmul) * cfg.batch_size * cfg.seq_len / (peaks[precision] * 1e9)
+        if floor > 10:
+            log(
+                f"note: a {PRECISION_LABELS[precision]} step with autocast takes at least {floor:,.0f} s here "
+                f"(matmul peak {peaks[precision]:,.1f} GFLOP/s); leave it out with --precisions or --sizes."
+            )
     spec = RunSpec(
         "no", device, cfg.run_steps, cfg.batch_size, cfg.lr, cfg.weight_decay, cfg.max_grad_norm, cfg.seed
     )
@@ -878,19 +885,24 @@ def plot(rows: Sequence[dict[str, Any]], path: str | Path) -> None:
 
 
 def write_readme_section(path: str | Path, markdown: str) -> None:
-    """Replace what lies between ``<!-- bench:start -->`` and ``<!-- bench:end -->`` in ``path``."""
+    """Replace what lies between the marker lines ``<!-- bench:start -->`` and ``<!-- bench:end -->``.
+
+    Only markers alone on their line count (a marker quoted in prose or code is left alone).
+    """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist: pass the README to update, e.g. --readme README.md.")
-    text = path.read_text()
-    start, end = text.find(README_START), text.find(README_END)
-    if start < 0 or end < 0 or end < start:
+    lines = path.read_text().splitlines(keepends=True)
+    starts = [i for i, line in enumerate(lines) if line.strip() == README_START]
+    ends = [i for i, line in enumerate(lines) if line.strip() == README_END]
+    if len(starts) != 1 or len(ends) != 1 or ends[0] < starts[0]:
         raise ValueError(
-            f"{path} has no '{README_START}' ... '{README_END}' section: add the two marker lines where "
-            "the benchmark table should go, then run again."
+            f"{path} needs exactly one '{README_START}' line followed by one '{README_END}' line (found "
+            f"{len(starts)} and {len(ends)}): add the two marker lines, each on its own line, where the "
+            "benchmark table should go, then run again."
         )
-    new = text[: start + len(README_START)] + "\n" + markdown.strip() + "\n" + text[end:]
-    path.write_text(new)
+    new = [*lines[: starts[0] + 1], markdown.strip() + "\n", *lines[ends[0] :]]
+    path.write_text("".join(new))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -907,6 +919,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, argparse.Nam
         prog="python -m course_lib.bench",
         description="Training throughput of a PyTorch loop, Accelerator, Trainer and course_lib.train: "
         "same model, data, batch shapes and seed, interleaved runs.",
+        epilog="What each column means and how it is measured: docs/benchmark.md.",
     )
     p.add_argument("--quick", action="store_true", help="smoke test: tiny model, fp32+bf16, few steps")
     p.add_argument("--sizes", type=_csv, help=f"comma-separated, from {', '.join(MODEL_SIZES)}")

@@ -229,11 +229,14 @@ def test_ratios_and_target_checks():
 
 def test_readme_section_is_replaced_between_the_markers(tmp_path):
     readme = tmp_path / "README.md"
-    readme.write_text("# Title\n\nbefore\n<!-- bench:start -->\nold table\n<!-- bench:end -->\nafter\n")
+    quoted = "Run `--readme` to fill <!-- bench:start --> ... <!-- bench:end -->.\n"  # prose: left alone
+    readme.write_text(
+        f"# Title\n{quoted}before\n<!-- bench:start -->\nold table\n<!-- bench:end -->\nafter\n"
+    )
     bench_harness.write_readme_section(readme, "| a |\n|---|\n| 1 |\n")
     bench_harness.write_readme_section(readme, "| a |\n|---|\n| 1 |\n")  # idempotent
     assert readme.read_text() == (
-        "# Title\n\nbefore\n<!-- bench:start -->\n| a |\n|---|\n| 1 |\n<!-- bench:end -->\nafter\n"
+        f"# Title\n{quoted}before\n<!-- bench:start -->\n| a |\n|---|\n| 1 |\n<!-- bench:end -->\nafter\n"
     )
 
 
@@ -241,6 +244,9 @@ def test_readme_without_markers_says_what_to_add(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text("# no markers\n")
     with pytest.raises(ValueError, match="add the two marker lines"):
+        bench_harness.write_readme_section(readme, "table")
+    readme.write_text("<!-- bench:start -->\n<!-- bench:end -->\n<!-- bench:start -->\n<!-- bench:end -->\n")
+    with pytest.raises(ValueError, match="exactly one"):
         bench_harness.write_readme_section(readme, "table")
     with pytest.raises(FileNotFoundError):
         bench_harness.write_readme_section(tmp_path / "missing.md", "table")
