@@ -436,13 +436,23 @@ def generate_split(name: str, seed: int = 0) -> dict[str, list]:
 def pretraining_pairs(n: int, seed: int = 1) -> Iterator[tuple[str, str]]:
     """``n`` unlabelled sentence pairs: one record written twice (the masked-LM pretraining corpus).
 
-    Masked-LM on such pairs (as in XLM's translation LM) is meant to teach a model to look across
-    the separator for the same fact in other words, which paraphrase detection needs later (the
-    small embedded checkpoint does not get that far: see ``course_lib.experiments.swap_fact``).
+    Masked-LM on such pairs (as in XLM's translation LM) teaches a model to look across the
+    separator for the same fact in other words, which paraphrase detection needs later.
     The records come from their own random stream, never from the labelled splits.
+    """
+    for first, second, _ in pretraining_triples(n, seed):
+        yield first, second
+
+
+def pretraining_triples(n: int, seed: int = 1) -> Iterator[tuple[str, str, int]]:
+    """The pairs of ``pretraining_pairs`` (the same stream) with the index of their frame in ``FRAMES``.
+
+    The frame (earnings, shares, resignation, ...) lets ``build_assets`` draw a partner sentence
+    about another event of the same kind for its pair task, as BERT drew a random next sentence.
     """
     rng = random.Random(f"pretraining-corpus/{seed}")
     for _ in range(n):
-        make_record, templates = rng.choice(FRAMES)
+        frame = rng.randrange(len(FRAMES))
+        make_record, templates = FRAMES[frame]
         record = make_record(rng)
-        yield rng.choice(templates)(record, rng), rng.choice(templates)(record, rng)
+        yield rng.choice(templates)(record, rng), rng.choice(templates)(record, rng), frame
