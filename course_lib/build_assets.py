@@ -17,6 +17,12 @@ Steps (all offline, deterministic for a given torch build and thread count):
 3. Save config, ``model.safetensors`` and tokenizer files in Hugging Face format, plus
    ``pretraining.json`` with the recipe and the measured held-out accuracies.
 
+Reproducibility: the same torch build and thread count give the same weights for the same
+vocabulary, but the ``tokenizers`` WordPiece trainer breaks ties between equally frequent pieces in
+an arbitrary order, so a rebuild may number (and, rarely, split) a few pieces differently. The
+measured accuracies in ``pretraining.json`` and the lessons' comparisons are what a rebuild must
+reproduce, not the bytes.
+
 The result lives in ``course_lib/assets/tiny-distilbert`` and is committed, so learners never
 need to run this (about 15 minutes on two CPU cores).
 """

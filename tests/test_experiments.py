@@ -46,6 +46,25 @@ def test_fill_mask_pretrained_guesses_the_right_kind_of_word(fill_mask):
         words = SLOT_WORDS[row["answer"]]
         assert row["pretrained"] in words, row  # a company for a company, a city for a city, ...
         assert row["scratch"] not in words, row
+    assert fill_mask[0]["pretrained"] == "initech"  # the company is read from sentence 1
+
+
+def test_pretrained_guess_follows_sentence_1_when_the_fact_is_swapped():
+    rows = experiments.fill_mask_examples(
+        experiments.swap_fact(experiments.FILL_MASK_EXAMPLES[0], corpus.COMPANIES)
+    )
+    copied = sum(row["pretrained"] == row["answer"].lower() for row in rows)
+    assert copied >= 0.8 * len(rows), [(row["answer"], row["pretrained"]) for row in rows]
+    assert not any(row["scratch"] == row["answer"].lower() for row in rows)
+
+
+def test_fine_tuning_from_the_checkpoint_beats_random_init_on_the_same_budget():
+    """The foundation's claim: same data, epochs, batch, lr and seed; pretraining must win clearly."""
+    result = experiments.pretrained_vs_scratch(epochs=1, progress=False)
+    table = experiments.markdown_table(result)
+    pretrained, scratch = result["pretrained"]["accuracy"], result["scratch"]["accuracy"]
+    assert pretrained >= scratch + 0.05, table
+    assert pretrained >= result["majority_accuracy"] + 0.05, table
 
 
 def test_swap_fact_replaces_the_answer_in_both_sentences():
