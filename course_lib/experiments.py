@@ -55,7 +55,7 @@ FILL_MASK_EXAMPLES: list[tuple[str, str, str]] = [
 class ComparisonConfig:
     """Budget of the pretrained-vs-scratch comparison (the same for both runs)."""
 
-    epochs: int = 3
+    epochs: int = 2
     batch_size: int = 32
     lr: float = 3e-4
     precision: str = "no"
@@ -213,7 +213,7 @@ def masked_lm_table(mlm: dict[str, float]) -> str:
 
 
 def pretrained_vs_scratch(
-    epochs: int = 3,
+    epochs: int = 2,
     batch_size: int = 32,
     lr: float = 3e-4,
     precision: str = "no",
