@@ -127,3 +127,25 @@ def test_bad_config_is_rejected(kwargs):
 def test_empty_dataloader_is_rejected():
     with pytest.raises(ValueError, match="empty"):
         training.train(torch.nn.Linear(1, 1), [], training.TrainConfig(progress=False))
+
+
+def test_make_optimizer_uses_the_fused_kernel_and_updates_like_plain_adamw():
+    def step(fused):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8), torch.nn.Linear(8, 2))
+        optimizer = training.make_optimizer(model, lr=1e-2, weight_decay=0.1, fused=fused)
+        for _ in range(3):
+            model(torch.ones(4, 8)).square().sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        return model, optimizer
+
+    fused_model, fused_opt = step(None)
+    plain_model, plain_opt = step(False)
+    assert fused_opt.defaults["fused"] is True  # the CPU has a fused AdamW kernel in torch 2.13
+    assert not plain_opt.defaults["fused"]
+    assert [g["weight_decay"] for g in fused_opt.param_groups] == [0.1, 0.0]
+    assert len(fused_opt.param_groups[1]["params"]) == 4  # biases and LayerNorm weights: no decay
+    for a, b in zip(fused_model.parameters(), plain_model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert not training.fused_adamw_supported([])
