@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-# The embedded checkpoint is committed; this rebuilds it only if it is missing (about 12 minutes on 2 CPU cores).
+# The embedded checkpoint is committed; this rebuilds it only if it is missing (about 17 minutes on 2 CPU cores).
 assets: $(MODEL)
 $(MODEL): | $(STAMP)
 	$(BIN)/python -m course_lib.build_assets

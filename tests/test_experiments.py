@@ -39,20 +39,19 @@ def test_masked_token_accuracy_is_deterministic_and_held_out():
         experiments.heldout_pretraining_pairs(1001)
 
 
-def test_fill_mask_pretrained_guesses_the_right_kind_of_word(fill_mask):
+def test_fill_mask_pretrained_restores_the_fact_of_sentence_1(fill_mask):
     assert [row["answer"] for row in fill_mask] == list(SLOT_WORDS)
     for row in fill_mask:
         assert row["sentence2"].count("[MASK]") == 1 and row["answer"] not in row["sentence2"]
-        words = SLOT_WORDS[row["answer"]]
-        assert row["pretrained"] in words, row  # a company for a company, a city for a city, ...
-        assert row["scratch"] not in words, row
-    assert fill_mask[0]["pretrained"] == "initech"  # the company is read from sentence 1
+        assert row["pretrained"] == row["answer"].lower(), row
+        assert row["scratch"] not in SLOT_WORDS[row["answer"]], row
 
 
-def test_pretrained_guess_follows_sentence_1_when_the_fact_is_swapped():
-    rows = experiments.fill_mask_examples(
-        experiments.swap_fact(experiments.FILL_MASK_EXAMPLES[0], corpus.COMPANIES)
-    )
+@pytest.mark.parametrize("example", experiments.FILL_MASK_EXAMPLES, ids=lambda e: e[2])
+def test_pretrained_guess_follows_sentence_1_when_the_fact_is_swapped(example):
+    """Swap the fact for every value of its kind: the guess must follow sentence 1, not a prior."""
+    pool = {"Initech": corpus.COMPANIES, "Denver": corpus.CITIES, "July": corpus.MONTHS}[example[2]]
+    rows = experiments.fill_mask_examples(experiments.swap_fact(example, pool))
     copied = sum(row["pretrained"] == row["answer"].lower() for row in rows)
     assert copied >= 0.8 * len(rows), [(row["answer"], row["pretrained"]) for row in rows]
     assert not any(row["scratch"] == row["answer"].lower() for row in rows)
