@@ -183,6 +183,10 @@ class PairTask:
     """
 
     def __init__(self, triples: list[tuple[str, str, int]], cfg: PretrainConfig, seed: int = 0):
+        if len(triples) < 2:
+            raise ValueError(
+                f"The pair task needs at least 2 pairs to draw non-partners from, got {len(triples)}."
+            )
         self.triples, self.cfg = triples, cfg
         self.by_frame: dict[int, list[int]] = {}
         for i, (_, _, frame) in enumerate(triples):
@@ -195,7 +199,8 @@ class PairTask:
             return first, second, 1
         j = i
         while j == i:
-            same_kind = self.rng.random() < self.cfg.same_kind_share
+            # A frame with one pair has no other event of its kind: draw from all pairs instead.
+            same_kind = self.rng.random() < self.cfg.same_kind_share and len(self.by_frame[frame]) > 1
             j = self.rng.choice(self.by_frame[frame]) if same_kind else self.rng.randrange(len(self.triples))
         return first, self.triples[j][1], 0
 

@@ -75,6 +75,14 @@ def test_pair_task_mixes_partners_and_other_events_of_the_same_kind():
     assert same > 0.7, same
 
 
+def test_pair_task_handles_a_lone_frame_and_rejects_too_few_pairs():
+    cfg = build_assets.PretrainConfig(same_kind_share=1.0, partner_share=0.0)
+    task = build_assets.PairTask([("a", "b", 0), ("c", "d", 1)], cfg)  # each frame has one pair
+    assert task.batch(4) and all(label == 0 for _, _, label in task.batch(4))
+    with pytest.raises(ValueError, match="at least 2 pairs"):
+        build_assets.PairTask([("a", "b", 0)], cfg)
+
+
 def test_pretraining_triples_are_the_pairs_with_their_frame():
     triples = list(corpus.pretraining_triples(50, seed=4))
     assert [(a, b) for a, b, _ in triples] == list(corpus.pretraining_pairs(50, seed=4))
