@@ -12,7 +12,7 @@ RUN    := PATH="$(BIN):$$PATH"
 OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 ASSIGNMENTS := $(notdir $(wildcard solutions/*))
 
-.PHONY: setup assets lab lab-headless test lint format release check bench clean
+.PHONY: setup assets lab lab-headless test test-fast lint format release check bench clean
 
 setup: $(STAMP) assets
 
@@ -25,13 +25,20 @@ $(STAMP): pyproject.toml
 # The embedded checkpoint is committed; this rebuilds it only if it is missing (about 17 minutes on 2 CPU cores).
 assets: $(MODEL)
 $(MODEL): | $(STAMP)
-	$(BIN)/python -m course_lib.build_assets
+	$(BIN)/python -m course_lib.tooling.build_assets
 
 # Jupyter refuses to run as root (containers) without --allow-root.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
 
+# The course's JupyterLab settings, jupyter/ (no "Jupyter news" pop-up, no nbgrader Assignment List for
+# self-paced learners), ahead of other JUPYTER_CONFIG_PATH folders; ~/.jupyter still has the last word.
+LAB_CONFIG := JUPYTER_CONFIG_PATH="$(CURDIR)/jupyter$${JUPYTER_CONFIG_PATH:+:$$JUPYTER_CONFIG_PATH}"
+# The embedded model and dataset need no network: the Hugging Face libraries stay offline unless
+# COURSE_MODEL or COURSE_DATASET names something other than "embedded" (course_lib/config.py).
+LAB_OFFLINE = $(if $(filter-out embedded,$(strip $(COURSE_MODEL) $(COURSE_DATASET))),,$(OFFLINE))
+
 lab: setup
-	$(RUN) jupyter lab --notebook-dir=. $(ROOT_FLAG) $(LAB_FLAGS)
+	$(RUN) $(LAB_CONFIG) $(LAB_OFFLINE) jupyter lab --notebook-dir=. $(ROOT_FLAG) $(LAB_FLAGS)
 
 # Headless (a server, a container, a remote machine): prints the URL with its token.
 lab-headless: LAB_FLAGS = --no-browser --ip=127.0.0.1 --port=$(PORT)
@@ -41,6 +48,13 @@ test: setup
 	$(RUN) ruff check .
 	$(RUN) ruff format --check .
 	$(RUN) $(OFFLINE) python -m pytest $(PYTEST_ARGS)
+
+# The fast tier while developing (about 2 minutes on 2 cores): unit tests and quick notebook checks,
+# without the slow tier that conftest.py's SLOW names. `make test` remains the full suite.
+test-fast: setup
+	$(RUN) ruff check .
+	$(RUN) ruff format --check .
+	$(RUN) $(OFFLINE) python -m pytest -m "not slow" $(PYTEST_ARGS)
 
 lint:
 	$(RUN) ruff check . && $(RUN) ruff format --check .
@@ -58,7 +72,7 @@ check: setup
 	$(RUN) $(OFFLINE) python -m course_lib.check "$(NB)"
 
 bench: setup
-	$(RUN) python -m course_lib.bench $(BENCH_ARGS)
+	$(RUN) python -m course_lib.cli.bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info

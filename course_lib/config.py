@@ -13,7 +13,6 @@ import os
 from dataclasses import dataclass
 
 EMBEDDED = "embedded"
-HUB_MODEL_ID = "distilbert-base-uncased"
 HUB_DATASET = ("nyu-mll/glue", "mrpc")
 
 

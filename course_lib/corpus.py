@@ -9,6 +9,9 @@ alone does not separate the classes. A small share of labels is flipped, as in r
 
 Everything is driven by ``random.Random(seed)``: the same seed gives the same dataset on every
 machine and Python version >= 3.11.
+
+It has more than 400 lines because most of it is data: the word pools and the seven kinds of record
+with their templates, each a few lines; the code that draws pairs from them is short.
 """
 
 from __future__ import annotations

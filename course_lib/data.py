@@ -9,9 +9,8 @@ from torch.utils.data import DataLoader
 
 from course_lib.config import EMBEDDED, HUB_DATASET, sources
 from course_lib.corpus import SPLIT_SIZES, generate_split
-from course_lib.devices import normalize_precision
+from course_lib.mixed_precision import normalize_precision
 
-TEXT_COLUMNS = ("sentence1", "sentence2")
 LABEL_NAMES = ["not_equivalent", "equivalent"]
 
 
@@ -139,15 +138,16 @@ def make_dataloaders(
     eval_rows: int | None = None,
 ) -> tuple[DataLoader, DataLoader]:
     """Train (shuffled) and validation DataLoaders, optionally over the first N rows of each."""
-    train = _head(tokenized["train"], train_rows)
-    val = _head(tokenized["validation"], eval_rows)
+    train = first_rows(tokenized["train"], train_rows)
+    val = first_rows(tokenized["validation"], eval_rows)
     return (
         make_dataloader(train, tokenizer, batch_size, shuffle=True, precision=precision, seed=seed),
         make_dataloader(val, tokenizer, eval_batch_size or 2 * batch_size, precision=precision),
     )
 
 
-def _head(split, rows: int | None):
+def first_rows(split, rows: int | None):
+    """The first ``rows`` rows of ``split`` (all of them for ``None``, at most its length)."""
     if rows is None:
         return split
     if rows < 1:

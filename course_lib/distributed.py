@@ -1,6 +1,6 @@
 """Data-parallel training, one idea at a time: sharding, replication, gradient aggregation, sync.
 
-The building blocks that the training command (``python -m course_lib.train``) and lesson 02 share:
+The building blocks that the training command (``python -m course_lib.cli.train``) and lesson 02 share:
 
 * ``shard_indices``       which sample indices each rank gets (exactly what ``DistributedSampler`` does)
 * ``ShardedLoader``       a DataLoader over this rank's shard, its batches on this rank's device
@@ -9,8 +9,8 @@ The building blocks that the training command (``python -m course_lib.train``) a
 * ``restore_signal_handlers``  wrap ``accelerate.notebook_launcher`` so the kernel keeps its handlers
 * ``average_gradients``   the all-reduce that DistributedDataParallel performs inside ``backward``
 * ``flat_params`` / ``flat_grads`` / ``same_on_all_ranks``  compare the replicas
-* ``sharding_worker`` / ``ddp_step_worker`` / ``single_process_step``  lesson 02's demonstrations;
-  they live here (not in the notebook) because spawned processes can only run importable functions
+
+Lesson 02's demonstrations built on them are in ``course_lib.demos.data_parallel``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import socket
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -344,190 +343,3 @@ def disable_dropout(model: torch.nn.Module) -> torch.nn.Module:
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
     return model
-
-
-# ---------------------------------------------------------------------------------------------
-# Lesson 02: the four ideas, each recorded on every rank
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass
-class StepDemo:
-    """One SGD step on ``global_batch`` training rows, shared out over the ranks."""
-
-    global_batch: int = 8
-    lr: float = 0.5
-    seed: int = 0
-    model: str | None = None  # None: the COURSE_MODEL switch (embedded by default)
-
-    def __post_init__(self) -> None:
-        if self.global_batch < 1:
-            raise ValueError(f"global_batch must be >= 1, got {self.global_batch}.")
-        if self.lr <= 0:
-            raise ValueError(f"lr must be positive, got {self.lr}.")
-
-
-def demo_rows(rows: int, model: str | None = None):
-    """The first ``rows`` tokenised training rows and their tokenizer (the course data and model)."""
-    from course_lib import data, models
-
-    tokenizer = models.load_tokenizer(model)
-    split = data.load_mrpc()["train"].select(range(rows))
-    return data.tokenize_dataset(split, tokenizer), tokenizer
-
-
-def sharding_worker(rank: int, world_size: int, rows: int, batch_size: int, seed: int = 0) -> dict:
-    """Which dataset rows this rank's ``ShardedLoader`` reads in epoch 0 (row indices per batch)."""
-    from course_lib import data
-
-    tokenized, tokenizer = demo_rows(rows)
-    loader = ShardedLoader(
-        tokenized, batch_size, data.make_collator(tokenizer), world_size, rank, shuffle=True, seed=seed
-    )
-    loader.sampler.set_epoch(0)
-    shapes = [tuple(batch["input_ids"].shape) for batch in loader]  # the batches really are read
-    return {"rank": rank, "batches": loader.batch_indices(), "shapes": shapes}
-
-
-def _sgd_step(model: torch.nn.Module, lr: float) -> None:
-    """``p -= lr * p.grad`` for every parameter (plain SGD, so the update is easy to check)."""
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.grad is not None:
-                p -= lr * p.grad
-
-
-def ddp_step_worker(rank: int, world_size: int, demo: StepDemo) -> dict:
-    """One data-parallel step on this rank, recording what the rank holds at each stage."""
-    from torch.nn.parallel import DistributedDataParallel
-
-    from course_lib import data, models
-
-    device = rank_device(rank)
-    # A different seed on each rank on purpose: without a broadcast the replicas would differ.
-    torch.manual_seed(demo.seed + rank)
-    model = disable_dropout(models.load_model(demo.model)).to(device)
-    params_own_init = flat_params(model)
-    ddp = DistributedDataParallel(model)  # broadcasts rank 0's parameters and buffers to every rank
-    params_start = flat_params(model)
-
-    # Data sharding: this rank's rows of the global batch.
-    tokenized, tokenizer = demo_rows(demo.global_batch, demo.model)
-    rows = shard_indices(demo.global_batch, world_size, rank)
-    batch = to_device(data.make_collator(tokenizer)([tokenized[i] for i in rows]), device)
-
-    # Model replication: forward and backward on the local shard, no communication (no_sync).
-    with ddp.no_sync():
-        loss = ddp(**batch).loss
-        loss.backward()
-    grad_local = flat_grads(model)
-
-    # Gradient aggregation, by hand: all-reduce (sum) and divide by the number of ranks.
-    average_gradients(model)
-    grad_averaged = flat_grads(model)
-
-    # The same, done by DDP itself: a normal backward all-reduces the gradients in buckets.
-    model.zero_grad(set_to_none=True)
-    ddp(**batch).loss.backward()
-    grad_ddp = flat_grads(model)
-
-    # Parameter sync, DDP style: every rank applies the same averaged gradient.
-    _sgd_step(model, demo.lr)
-    params_after = flat_params(model)
-
-    # Parameter sync, as on the slide: rank 0 aggregates, updates and shares the parameters.
-    grad_sum = grad_local.clone().to(device)
-    dist.reduce(grad_sum, dst=0, op=dist.ReduceOp.SUM)
-    shared = params_start.clone().to(device)
-    if rank == 0:
-        shared -= demo.lr * grad_sum / world_size
-    dist.broadcast(shared, src=0)
-
-    return {
-        "rank": rank,
-        "rows": rows,
-        "loss": loss.item(),
-        "params_own_init": params_own_init,
-        "params_start": params_start,
-        "grad_local": grad_local,
-        "grad_averaged": grad_averaged,
-        "grad_ddp": grad_ddp,
-        "params_after": params_after,
-        "params_after_rank0_update": shared.cpu(),
-        "same_params_all_ranks": same_on_all_ranks(params_after),
-        "slices": {k: (s.start, s.stop) for k, s in param_slices(model).items()},
-    }
-
-
-def single_process_step(demo: StepDemo) -> dict:
-    """The reference: one process, the whole global batch, the same SGD step (rank 0's initial weights)."""
-    from course_lib import data, models
-
-    torch.manual_seed(demo.seed)  # rank 0's seed: DDP copies rank 0's weights to every rank
-    model = disable_dropout(models.load_model(demo.model))
-    params_start = flat_params(model)
-    tokenized, tokenizer = demo_rows(demo.global_batch, demo.model)
-    batch = data.make_collator(tokenizer)([tokenized[i] for i in range(demo.global_batch)])
-    loss = model(**batch).loss
-    loss.backward()
-    grad = flat_grads(model)
-    _sgd_step(model, demo.lr)
-    return {
-        "loss": loss.item(),
-        "params_start": params_start,
-        "grad": grad,
-        "params_after": flat_params(model),
-    }
-
-
-def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Largest absolute element-wise difference of two same-shaped tensors."""
-    if a.shape != b.shape:
-        raise ValueError(f"Shapes differ: {tuple(a.shape)} vs {tuple(b.shape)}.")
-    return (a.float() - b.float()).abs().max().item() if a.numel() else 0.0
-
-
-def plot_shards(batches_per_rank: Sequence[Sequence[Sequence[int]]], n: int, ax=None):
-    """A ranks x samples grid: which rank reads each sample, and in which of its batches."""
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    world_size = len(batches_per_rank)
-    grid = np.full((world_size, n), np.nan)
-    for rank, batches in enumerate(batches_per_rank):
-        for b, rows in enumerate(batches):
-            for row in rows:
-                grid[rank, row] = b
-    if ax is None:
-        _, ax = plt.subplots(figsize=(min(12, 1 + 0.35 * n), 0.6 + 0.55 * world_size))
-    ax.imshow(grid, aspect="auto", cmap="Pastel1", vmin=0, vmax=8)  # NaN (not read) stays white
-    for rank, batches in enumerate(batches_per_rank):
-        for b, rows in enumerate(batches):
-            for row in rows:
-                ax.text(row, rank, str(b), ha="center", va="center", fontsize=9)
-    ax.set_yticks(range(world_size), [f"rank {r}" for r in range(world_size)])
-    ax.set_xticks(range(n))
-    ax.set_xlabel("sample index (number = batch on that rank, empty = not read)")
-    ax.set_title("Data sharding: who reads which sample")
-    return ax
-
-
-def plot_who_holds_what(stages: dict[str, Sequence[torch.Tensor]], ax=None):
-    """A ranks x stages grid: a cell is blue where the rank holds exactly rank 0's tensor, red where not."""
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    names = list(stages)
-    world_size = len(stages[names[0]])
-    same = np.array([[torch.equal(stages[n][r], stages[n][0]) for n in names] for r in range(world_size)])
-    if ax is None:
-        _, ax = plt.subplots(figsize=(1.8 * len(names) + 1, 0.7 + 0.6 * world_size))
-    ax.imshow(np.where(same, 0.0, 1.0), aspect="auto", cmap="coolwarm", vmin=0, vmax=1)
-    for r in range(world_size):
-        for j in range(len(names)):
-            text = "rank 0's" if r == 0 else ("same" if same[r, j] else "different")
-            ax.text(j, r, text, ha="center", va="center", fontsize=9)
-    ax.set_yticks(range(world_size), [f"rank {r}" for r in range(world_size)])
-    ax.set_xticks(range(len(names)), names, rotation=15)
-    ax.set_title("Who holds what: blue = bit-for-bit the same as rank 0")
-    return ax

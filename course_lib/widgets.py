@@ -1,9 +1,10 @@
 """Interactive explorers for the lessons (ipywidgets), with a plain-text fallback.
 
-``precision_explorer()``: type a number, pick a loss scale, and see how fp32, fp16 and bf16 store it
-(sign / exponent / mantissa bits), what it rounds to, and whether it underflows or overflows. The
-text it shows is ``explain_number(...)``, which a headless run (nbval, nbclient, nbgrader) can print
-instead: the widget needs a live Jupyter front end, the function does not.
+``precision_explorer()``: type a number (the view follows each keystroke, no Enter needed), pick a
+loss scale, and see how fp32, fp16 and bf16 store it (sign / exponent / mantissa bits), what it
+rounds to, and whether it underflows or overflows. The text it shows is ``explain_number(...)``,
+which a headless run (nbval, nbclient, nbgrader) can print instead: the widget needs a live Jupyter
+front end, the function does not.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import html
 import math
 
-from course_lib.precision import describe_number
+from course_lib.floats import describe_number
 
 SCALES: dict[str, float] = {
     "1 (no scaling)": 1.0,
@@ -64,7 +65,14 @@ def precision_explorer(value: str = "1e-8", scale: float = 1.0):
         print(explain_number(value, scale))
         return None
 
-    number = w.Text(value=str(value), description="number", continuous_update=False)
+    # continuous_update: the text follows each keystroke (no Enter needed); a half-typed number such
+    # as "1e-" shows what to type instead until it reads as a number again.
+    number = w.Text(
+        value=str(value),
+        description="number",
+        placeholder="1e-8, 65504, 2**-24",
+        continuous_update=True,
+    )
     scale_box = w.Dropdown(
         options=list(SCALES.items()),
         value=float(scale) if scale in SCALES.values() else 1.0,

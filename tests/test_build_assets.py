@@ -5,7 +5,8 @@ import json
 import pytest
 import torch
 
-from course_lib import build_assets, corpus, models
+from course_lib import corpus, models
+from course_lib.tooling import build_assets
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +97,9 @@ def test_build_writes_a_loadable_checkpoint_and_its_report(tmp_path):
         corpus_pairs=400, heldout_pairs=50, steps=3, batch_size=8, warmup_steps=1
     )
     report = build_assets.build(tmp_path, cfg, log_every=1000)
-    assert report["recipe"]["steps"] == 3 and 0 <= report["heldout_pair_task_accuracy"] <= 1
+    assert report["recipe"]["steps"] == 3
+    correct = report["heldout_pair_task_accuracy"] * cfg.heldout_pairs  # scored on the 50 held-out pairs
+    assert correct == pytest.approx(round(correct), abs=1e-2) and 0 <= correct <= cfg.heldout_pairs
     assert json.loads((tmp_path / "pretraining.json").read_text()) == report
     model = AutoModelForSequenceClassification.from_pretrained(tmp_path, num_labels=2)
     tokenizer = AutoTokenizer.from_pretrained(tmp_path)

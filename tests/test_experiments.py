@@ -3,7 +3,10 @@ from dataclasses import asdict
 
 import pytest
 
-from course_lib import corpus, experiments
+from course_lib import corpus, data
+from course_lib.cli import experiments as experiments_cli
+from course_lib.demos import pretraining as experiments
+from course_lib.tooling import sections
 from course_lib.training import History
 
 SLOT_WORDS = {  # the words the corpus can put in each example's masked slot, lower-cased
@@ -97,16 +100,20 @@ def test_both_runs_share_one_budget_and_record_everything():
         epochs=2, batch_size=16, train_rows=48, progress=False, eval_rows=40
     )
     assert result["config"]["train_rows"] == 48 and result["config"]["precision"] == "no"
+    histories = result["histories"]
+    assert histories["scratch"] is not histories["pretrained"]
+    assert histories["scratch"].config == histories["pretrained"].config  # the same budget
     for run in experiments.RUNS:
         r, history = result[run], result["histories"][run]
         assert isinstance(history, History)
         assert len(r["losses"]) == 6 and len(r["evals"]) == 2  # 3 steps per epoch, one eval per epoch
-        assert history.config == result["histories"]["pretrained"].config  # the same budget
-        assert 0.0 <= r["accuracy"] <= 1.0 and 0.0 <= r["f1"] <= 1.0 and r["seconds"] > 0
+        assert (r["accuracy"] * 40) == pytest.approx(round(r["accuracy"] * 40))  # scored on 40 rows
+        assert 0.0 <= r["f1"] <= 1.0 and r["seconds"] > 0
         assert r["accuracy"] == r["evals"][-1]["accuracy"]
         assert all(math.isfinite(x) for x in r["losses"]) and math.isfinite(r["eval_loss"])
     assert result["pretrained"]["losses"] != result["scratch"]["losses"]
-    assert 0.5 <= result["majority_accuracy"] <= 1.0
+    labels = data.load_mrpc()["validation"]["label"][:40]
+    assert result["majority_accuracy"] == max(sum(labels), 40 - sum(labels)) / 40
 
 
 def test_majority_accuracy():
@@ -140,11 +147,17 @@ def test_markdown_table_lists_both_runs_and_the_baseline():
     assert "Same budget for both" in lines[-1]
 
 
-def test_cli_prints_a_table_and_rejects_bad_input(capsys):
+def test_cli_prints_a_table_and_rejects_bad_input(capsys, tmp_path):
+    readme, record = tmp_path / "README.md", tmp_path / "results" / "pretrained.json"
+    readme.write_text("# Course\n<!-- pretrained:start -->\n<!-- pretrained:end -->\nafter\n")
     argv = ["--epochs", "1", "--batch-size", "16", "--train-rows", "16", "--mlm-pairs", "8", "--no-progress"]
-    assert experiments.main(argv) == 0
+    assert experiments_cli.main([*argv, "--readme", str(readme), "--json", str(record)]) == 0
     out = capsys.readouterr().out
     assert "| pretrained checkpoint |" in out and "| random init |" in out
     assert "| weights | masked-token accuracy |" in out and "| start from | val accuracy |" in out
-    assert experiments.main(["--precision", "fp8", "--no-progress"]) == 2
+    block = sections.read_block(readme, "pretrained")
+    assert block.strip() in out and "train rows 16" in block  # the block is the printed report
+    rendered = ["--from-json", str(record), "--readme", str(readme)]
+    assert experiments_cli.main([*rendered, "--check"]) == 0  # the record renders the block again
+    assert experiments_cli.main(["--precision", "fp8", "--no-progress"]) == 2
     assert "Unknown precision" in capsys.readouterr().err

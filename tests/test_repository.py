@@ -6,7 +6,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_lib import nbtools
+from course_lib.tooling import nbtools
 
 ROOT = Path(__file__).resolve().parents[1]
 LESSONS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -20,7 +20,7 @@ def test_there_are_four_lessons_in_order():
 def test_lesson_outputs_belong_to_its_code(path):
     reason = nbtools.stale_reason(nbformat.read(path, as_version=4))
     assert reason is None, (
-        f"{path.name} is stale: {reason}. Run `python -m course_lib.nbtools execute {path.relative_to(ROOT)}`."
+        f"{path.name} is stale: {reason}. Run `python -m course_lib.tooling.nbtools execute {path.relative_to(ROOT)}`."
     )
 
 

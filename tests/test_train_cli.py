@@ -1,4 +1,4 @@
-"""``python -m course_lib.train``: one process, two processes under torchrun, and kill / resume."""
+"""``python -m course_lib.cli.train``: one process, two processes under torchrun, and kill / resume."""
 
 import json
 import os
@@ -10,8 +10,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from course_lib import models
-from course_lib import train as command
+from course_lib import checkpoints, models
+from course_lib.cli import train as command
 
 # Without CUDA the command finds the CPU by itself (the point of the test); with GPUs, stay on the CPU.
 CPU = ["--cpu"] if torch.cuda.is_available() else []
@@ -26,7 +26,7 @@ def _run(args: list[str], cwd: Path, processes: int = 1) -> subprocess.Completed
         "--standalone",
         f"--nproc_per_node={processes}",
     ]
-    cmd = (launcher if processes > 1 else [sys.executable]) + ["-m", "course_lib.train", *TINY, *args]
+    cmd = (launcher if processes > 1 else [sys.executable]) + ["-m", "course_lib.cli.train", *TINY, *args]
     return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600, env={**os.environ})
 
 
@@ -72,7 +72,7 @@ def test_torchrun_two_processes_and_a_killed_run_resumes_to_the_same_parameters(
     assert metrics["distributed_type"] == "MULTI_CPU" and metrics["steps_run"] == 6
     assert len(metrics["tokens_per_s"]) == 2
     assert metrics["total_tokens_per_s"] == pytest.approx(sum(metrics["tokens_per_s"]))
-    assert proc.stdout.count("course_lib.train:") == 1  # logged by the main process only
+    assert proc.stdout.count("course_lib.cli.train:") == 1  # logged by the main process only
     assert "rank 1:" in proc.stdout  # ... which reports every process's throughput
 
     proc = _run([*steps, "--output-dir", str(killed), "--stop-after-steps", "3"], tmp_path, processes=2)
@@ -109,11 +109,11 @@ def test_bad_flags_exit_2_with_a_message(argv, message, capsys):
 
 
 def test_resume_without_a_checkpoint_says_what_to_do(tmp_path):
-    cfg = command.RunConfig(output_dir=str(tmp_path), resume="latest")
     with pytest.raises(FileNotFoundError, match="no checkpoint in"):
-        command.find_resume_checkpoint(cfg)
+        checkpoints.find_resume_checkpoint("latest", tmp_path)
     with pytest.raises(FileNotFoundError, match="not a checkpoint folder"):
-        command.find_resume_checkpoint(command.RunConfig(resume=str(tmp_path)))
+        checkpoints.find_resume_checkpoint(str(tmp_path), "runs/train")
+    assert checkpoints.find_resume_checkpoint(None, tmp_path) is None
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="fp16 is fine on a GPU")

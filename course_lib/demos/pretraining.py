@@ -1,21 +1,18 @@
-"""Experiments the lessons run and the README reports: ``python -m course_lib.experiments``.
-
-Two measurements of what the pretrained checkpoint knows, each against the same architecture with
-random weights (``from_config``):
+"""Lesson 01's demonstration: what the pretrained checkpoint knows, against random init of the same shape.
 
 - ``masked_token_accuracy`` / ``fill_mask_examples``: the pretraining task itself (masked-LM) on
   sentence pairs the checkpoint never saw. ``swap_fact`` changes the fact in sentence 1 to test
   whether a guess is read from the other sentence or comes from the model's prior alone.
 - ``pretrained_vs_scratch``: fine-tune both on the paraphrase task with the same data, budget and
   seed, next to ``majority_accuracy`` (the bar a classifier must clear). The embedded checkpoint
-  was pretrained to compare the facts of two sentences (``course_lib.build_assets``), so on a
-  short CPU budget it clears the bar while random init stays at it.
+  was pretrained to compare the facts of two sentences (``course_lib.tooling.build_assets``), so on
+  a short CPU budget it clears the bar while random init stays at it.
+
+``python -m course_lib.cli.experiments`` runs both and writes README's "pretrained" block.
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -23,9 +20,10 @@ from typing import Any
 import torch
 
 from course_lib import data, models, training
-from course_lib.build_assets import PretrainConfig
 from course_lib.corpus import pretraining_pairs
-from course_lib.devices import normalize_precision, seed_everything
+from course_lib.devices import seed_everything
+from course_lib.mixed_precision import normalize_precision
+from course_lib.tooling.build_assets import PretrainConfig
 
 RUNS = ("pretrained", "scratch")
 MASK_SHARE = 0.15  # share of the non-special tokens masked by masked_token_accuracy
@@ -287,44 +285,3 @@ def markdown_table(result: dict[str, Any]) -> str:
         f"train rows {cfg['train_rows'] or 'all'}, seed {cfg['seed']}"
     )
     return "\n".join(rows) + f"\n\nSame budget for both: {budget}."
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description="Pretrained checkpoint vs random init: masked-LM and fine-tuning."
-    )
-    defaults = ComparisonConfig()
-    parser.add_argument("--epochs", type=int, default=defaults.epochs)
-    parser.add_argument("--batch-size", type=int, default=defaults.batch_size)
-    parser.add_argument("--lr", type=float, default=defaults.lr)
-    parser.add_argument("--precision", default=defaults.precision, help="no (fp32), bf16 or fp16")
-    parser.add_argument("--train-rows", type=int, default=None, help="first N training rows (default: all)")
-    parser.add_argument("--seed", type=int, default=defaults.seed)
-    parser.add_argument("--model", default=None, help="hub id or folder (default: COURSE_MODEL / embedded)")
-    parser.add_argument("--mlm-pairs", type=int, default=200, help="held-out pairs for the masked-LM check")
-    parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
-    args = parser.parse_args(argv)
-    try:
-        mlm = compare_masked_lm(args.model, pairs=args.mlm_pairs, seed=args.seed)
-        result = pretrained_vs_scratch(
-            epochs=args.epochs,
-            batch_size=args.batch_size,
-            lr=args.lr,
-            precision=args.precision,
-            train_rows=args.train_rows,
-            seed=args.seed,
-            model_name=args.model,
-            progress=not args.no_progress,
-        )
-    except (ValueError, FileNotFoundError, ConnectionError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    print("Masked-LM (the pretraining task) on held-out pairs:\n")
-    print(masked_lm_table(mlm))
-    print("\nFine-tuning on the paraphrase task, same budget for both starts:\n")
-    print(markdown_table(result))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,4 +1,4 @@
-"""Floating-point formats for mixed precision: bit layouts, range, rounding, gradient underflow.
+"""Floating-point formats, taught: bit layouts, range, rounding, gradient underflow (lesson 03).
 
 Every fact here is read from torch (``torch.finfo``, bit patterns of real tensors), never typed in:
 
@@ -8,26 +8,19 @@ Every fact here is read from torch (``torch.finfo``, bit patterns of real tensor
   rounds to, and whether it underflows (becomes 0) or overflows (becomes inf).
 * ``fp32_gradients`` / ``underflow_stats`` / ``grad_log2_hist`` / ``plot_grad_hist``: which share of a
   real model's gradients would vanish in fp16, with and without loss scaling.
-* ``StepProbe`` / ``probe_callback``: step time and tensor memory of a training loop (plain PyTorch,
-  Accelerate or the ``Trainer``), measured the same way for each, to compare the three side by side.
 """
 
 from __future__ import annotations
 
 import math
-import os
-import re
-import statistics
-import sys
-import tempfile
-import time
 from collections.abc import Iterable, Mapping
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
+
+from course_lib.tables import align_columns
 
 FORMATS: dict[str, torch.dtype] = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 _DTYPE_NAMES = {
@@ -157,25 +150,7 @@ def render_format_table(formats: Iterable[str | torch.dtype] = ("fp32", "fp16", 
                 f"~{f.decimal_digits}",
             )
         )
-    return _align(rows)
-
-
-def _align(rows: list[tuple[str, ...]]) -> str:
-    """Rows of strings as left-aligned columns separated by two spaces."""
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
-
-
-def render_table(rows: list[Mapping[str, Any]], floats: str = ".3g") -> str:
-    """A list of dicts (same keys) as aligned text; floats formatted with ``floats``."""
-    if not rows:
-        raise ValueError("No rows to show: pass a non-empty list of dicts.")
-    keys = list(rows[0])
-
-    def cell(v: Any) -> str:
-        return format(v, floats) if isinstance(v, float) else str(v)
-
-    return _align([tuple(keys), *[tuple(cell(r.get(k, "")) for k in keys) for r in rows]])
+    return align_columns(rows)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -279,7 +254,7 @@ def describe_number(
     for fmt in formats:
         r = rounding(value, fmt)
         rows.append((r.format, str(r.bits), f"{r.stored:.8g}", f"{r.rel_error:.2g}", _STATUS_TEXT[r.status]))
-    return f"{title}\n{_align(rows)}"
+    return f"{title}\n{align_columns(rows)}"
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -422,179 +397,3 @@ def plot_grad_hist(
     ax.set_title(title or f"gradients vs. the {name} range")
     ax.legend(fontsize=8, loc="upper left")
     return ax
-
-
-# ---------------------------------------------------------------------------------------------------
-# Measuring training loops side by side: step time and tensor memory
-# ---------------------------------------------------------------------------------------------------
-
-
-@contextmanager
-def _quiet_stderr_fd():
-    """Silence C-level stderr (the profiler's log lines) inside the block; Python's stays as is."""
-    try:
-        saved = os.dup(2)
-    except OSError:  # no real fd 2 (some embedded interpreters)
-        yield
-        return
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 2)
-    try:
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
-
-
-_PROFILER_NOISE = re.compile(
-    r"profiler results will not|the profiling started|include the deallocation event|"
-    r"ActivityProfiler|^\s*(STAGE|USDT|INFO|WARNING):"
-)
-
-
-def _python_stderr_is_fd2() -> bool:
-    """True in a plain script (Python's stderr is fd 2); False under Jupyter, whose stderr is a stream."""
-    try:
-        return sys.stderr.fileno() == 2
-    except (AttributeError, OSError, ValueError):
-        return False
-
-
-class _StderrFdCapture:
-    """Collect what C/C++ code writes to fd 2 into a temporary file; replay the useful lines later."""
-
-    def __init__(self) -> None:
-        self._saved: int | None = None
-        self._file = None
-
-    def start(self) -> None:
-        self.stop()
-        self._file = tempfile.TemporaryFile()
-        self._saved = os.dup(2)
-        os.dup2(self._file.fileno(), 2)
-
-    def stop(self) -> None:
-        """Restore fd 2 and write what was captured, minus the profiler's own log lines, to stderr."""
-        if self._saved is None:
-            return
-        os.dup2(self._saved, 2)
-        os.close(self._saved)
-        self._saved = None
-        self._file.seek(0)
-        text = self._file.read().decode(errors="replace")
-        self._file.close()
-        kept = [line for line in text.splitlines() if line.strip() and not _PROFILER_NOISE.search(line)]
-        if kept:
-            print("\n".join(kept), file=sys.stderr)
-
-
-_CAPTURE = _StderrFdCapture()  # one per process: a new probe ends a capture a failed loop left open
-_ACTIVE_PROFILER: list = []  # the profiler of a probe whose first step has not ended (at most one)
-
-
-def _stop_active_profiler() -> None:
-    """Stop a profiler that a loop which failed before its first ``tick()`` left running."""
-    while _ACTIVE_PROFILER:
-        with _quiet_stderr_fd():
-            _ACTIVE_PROFILER.pop().stop()
-    _CAPTURE.stop()
-
-
-def _peak_from_profiler(prof) -> float:
-    """Peak of the running sum of CPU tensor allocations recorded by ``prof`` (bytes above the start)."""
-    events = prof.profiler.kineto_results.events()
-    mem = sorted(
-        (e.start_ns(), e.nbytes())
-        for e in events
-        if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU
-    )
-    current = peak = 0
-    for _, nbytes in mem:
-        current += nbytes
-        peak = max(peak, current)
-    return float(peak)
-
-
-@dataclass
-class StepProbe:
-    """Time each optimizer step and measure the tensor memory of the first one.
-
-    Call ``start()`` before the loop and ``tick()`` after every optimizer step. Step time is the
-    wall time between consecutive ticks (data loading included, the device synchronised). Memory is
-    the peak of tensor bytes allocated during the first step above what was allocated at
-    ``start()`` (activations, gradients, optimizer state, autocast copies): on CUDA from
-    ``torch.cuda.max_memory_allocated``, on a CPU from the allocations ``torch.profiler`` records
-    (NaN on other devices).
-    """
-
-    device: torch.device | str = "cpu"
-    measure_memory: bool = True
-    step_times: list[float] = field(default_factory=list)
-    peak_mb: float = float("nan")
-    _t0: float = 0.0
-    _prof: Any = None
-    _base: int = 0
-
-    def __post_init__(self) -> None:
-        self.device = torch.device(self.device)
-
-    def _sync(self) -> None:
-        from course_lib.devices import synchronize
-
-        synchronize(self.device)
-
-    def start(self) -> None:
-        """Begin: reset the times, start the memory measurement of the first step."""
-        self.step_times, self.peak_mb = [], float("nan")
-        _stop_active_profiler()
-        if self.measure_memory:
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
-                self._base = torch.cuda.memory_allocated(self.device)
-                torch.cuda.reset_peak_memory_stats(self.device)
-            elif self.device.type == "cpu":
-                from torch.profiler import ProfilerActivity, profile
-
-                self._prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
-                with _quiet_stderr_fd():
-                    self._prof.start()
-                _ACTIVE_PROFILER.append(self._prof)
-                if not _python_stderr_is_fd2():  # Jupyter: keep the profiler's C++ log lines out of the cell
-                    _CAPTURE.start()  # also ends a capture a failed loop left open
-        self._sync()
-        self._t0 = time.perf_counter()
-
-    def tick(self) -> None:
-        """After an optimizer step: record its time (and, after the first, the memory peak)."""
-        self._sync()
-        now = time.perf_counter()
-        first = not self.step_times
-        self.step_times.append(now - self._t0)
-        if first and self.measure_memory:
-            if self.device.type == "cuda":
-                self.peak_mb = (torch.cuda.max_memory_allocated(self.device) - self._base) / 2**20
-            elif self._prof is not None:
-                _stop_active_profiler()
-                self.peak_mb = _peak_from_profiler(self._prof) / 2**20
-                self._prof = None
-        self._t0 = time.perf_counter()
-
-    def median_step_time(self, skip: int = 1) -> float:
-        """Median seconds per step, ignoring the first ``skip`` (warm-up, and profiled on CPU)."""
-        times = self.step_times[skip:] or self.step_times
-        return statistics.median(times) if times else float("nan")
-
-
-def probe_callback(probe: StepProbe):
-    """A ``transformers.TrainerCallback`` that drives ``probe`` (start at train begin, tick per step)."""
-    from transformers import TrainerCallback
-
-    class _ProbeCallback(TrainerCallback):
-        def on_train_begin(self, args, state, control, **kwargs):
-            probe.start()
-
-        def on_step_end(self, args, state, control, **kwargs):
-            probe.tick()
-
-    return _ProbeCallback()

@@ -1,16 +1,16 @@
-"""Fine-tune the course model on the course data, on one device or many: ``python -m course_lib.train``.
+"""Fine-tune the course model on the course data, on one device or many: ``python -m course_lib.cli.train``.
 
 The same command runs unchanged under every launcher, because an ``Accelerator`` reads what the
 launcher sets (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ...) and wraps the model in DDP::
 
-    python -m course_lib.train --max-steps 50                                    # 1 process: CPU or 1 GPU
-    torchrun --standalone --nproc_per_node 2 -m course_lib.train --max-steps 50  # gloo on CPU, nccl on GPUs
-    accelerate launch --multi_gpu --num_processes 8 -m course_lib.train ...     # + --num_machines ...
-    notebook_launcher(course_lib.train.main, args=(["--max-steps", "8"],), num_processes=2)
+    python -m course_lib.cli.train --max-steps 50                                    # 1 process: CPU or 1 GPU
+    torchrun --standalone --nproc_per_node 2 -m course_lib.cli.train --max-steps 50  # gloo on CPU, nccl on GPUs
+    accelerate launch --multi_gpu --num_processes 8 -m course_lib.cli.train ...     # + --num_machines ...
+    notebook_launcher(course_lib.cli.train.main, args=(["--max-steps", "8"],), num_processes=2)
 
 It trains with the course's one loop (``course_lib.training.train``); this file adds the data sharding
-(``course_lib.distributed.ShardedLoader``), checkpoints (safetensors, written atomically by the main
-process), ``--resume``, and a throughput report per process and in total. See ``docs/distributed.md``.
+(``course_lib.distributed.ShardedLoader``), checkpoints (``course_lib.checkpoints``), ``--resume``, and
+a throughput report per process and in total. See ``docs/distributed.md``.
 """
 
 from __future__ import annotations
@@ -19,8 +19,6 @@ import argparse
 import json
 import math
 import os
-import re
-import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -29,12 +27,12 @@ from typing import Any
 
 import torch
 
-from course_lib import data, distributed, models, training
-from course_lib.devices import best_precision, normalize_precision, seed_everything
+from course_lib import checkpoints, data, distributed, models, training
+from course_lib.devices import seed_everything
+from course_lib.mixed_precision import best_precision, normalize_precision
 
 EXIT_BAD_INPUT = 2
 EXIT_STOPPED = 3  # --stop-after-steps: the run "dies" after a checkpoint, like a killed job
-CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 
 
 @dataclass
@@ -87,7 +85,7 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
     """The command line as a ``RunConfig`` (bad values exit with status 2 and say what to do)."""
     d = RunConfig()
     p = argparse.ArgumentParser(
-        prog="python -m course_lib.train",
+        prog="python -m course_lib.cli.train",
         description="Fine-tune the course model with the course's training loop, on 1 or N processes.",
     )
     p.add_argument("--model", default=d.model, help="hub id or folder (default: COURSE_MODEL / embedded)")
@@ -185,16 +183,12 @@ def set_cpu_threads() -> int:
     return torch.get_num_threads()
 
 
-def _head(split, rows: int | None):
-    return split if rows is None else split.select(range(min(rows, len(split))))
-
-
 def load_splits(cfg: RunConfig):
     """Tokenizer and the tokenised train / validation rows this run uses."""
     tokenizer = models.load_tokenizer(cfg.model)
     raw = data.load_mrpc(cfg.dataset)
-    train = data.tokenize_dataset(_head(raw["train"], cfg.train_rows), tokenizer, cfg.max_length)
-    val = data.tokenize_dataset(_head(raw["validation"], cfg.eval_rows), tokenizer, cfg.max_length)
+    train = data.tokenize_dataset(data.first_rows(raw["train"], cfg.train_rows), tokenizer, cfg.max_length)
+    val = data.tokenize_dataset(data.first_rows(raw["validation"], cfg.eval_rows), tokenizer, cfg.max_length)
     return tokenizer, train, val
 
 
@@ -219,175 +213,6 @@ def make_loaders(cfg: RunConfig, accelerator, tokenizer, train_split, val_split)
 def total_steps(cfg: RunConfig, batches_per_epoch: int) -> int:
     """Optimizer steps the run makes in all (what ``training.train`` computes)."""
     return cfg.max_steps or math.ceil(batches_per_epoch / cfg.grad_accum_steps) * cfg.epochs
-
-
-# ---------------------------------------------------------------------------------------------
-# Checkpoints: safetensors for tensors, JSON for the rest; written to a temp folder, then renamed
-# ---------------------------------------------------------------------------------------------
-
-
-def checkpoint_dir(output_dir: str | Path, step: int) -> Path:
-    """``<output_dir>/checkpoint-<step>``."""
-    return Path(output_dir) / f"checkpoint-{step:06d}"
-
-
-def list_checkpoints(output_dir: str | Path) -> list[tuple[int, Path]]:
-    """Complete checkpoints in ``output_dir`` as ``(step, folder)``, oldest first."""
-    root = Path(output_dir)
-    found = []
-    if root.is_dir():
-        for child in root.iterdir():
-            match = CHECKPOINT_RE.match(child.name)
-            if match and (child / "state.json").is_file():
-                found.append((int(match.group(1)), child))
-    return sorted(found)
-
-
-def find_resume_checkpoint(cfg: RunConfig) -> Path | None:
-    """The folder ``--resume`` points at (None without ``--resume``); a clear error if there is none."""
-    if cfg.resume is None:
-        return None
-    if cfg.resume == "latest":
-        found = list_checkpoints(cfg.output_dir)
-        if not found:
-            raise FileNotFoundError(
-                f"--resume: no checkpoint in {cfg.output_dir}. Start without --resume, or pass "
-                "--output-dir of the run to continue (or a checkpoint folder: --resume DIR)."
-            )
-        return found[-1][1]
-    path = Path(cfg.resume)
-    if not (path / "state.json").is_file():
-        raise FileNotFoundError(
-            f"--resume {path}: not a checkpoint folder (no state.json). Pass a checkpoint-NNNNNN folder "
-            "written by this command, or --resume alone for the newest one in --output-dir."
-        )
-    return path
-
-
-def save_optimizer(optimizer: torch.optim.Optimizer, path: Path) -> None:
-    """The optimizer's state as safetensors: tensors as such, the param groups as JSON metadata."""
-    from safetensors.torch import save_file
-
-    state = optimizer.state_dict()
-    tensors, other = {}, {}
-    for index, values in state["state"].items():
-        for key, value in values.items():
-            if torch.is_tensor(value):
-                tensors[f"state.{index}.{key}"] = value.detach().cpu().contiguous()
-            else:
-                other[f"{index}.{key}"] = value
-    metadata = {"param_groups": json.dumps(state["param_groups"]), "other": json.dumps(other)}
-    save_file(tensors, str(path), metadata=metadata)
-
-
-def load_optimizer(optimizer: torch.optim.Optimizer, path: Path) -> None:
-    """Inverse of ``save_optimizer``."""
-    from safetensors import safe_open
-
-    state: dict[int, dict[str, Any]] = {}
-    with safe_open(str(path), framework="pt") as f:
-        metadata = f.metadata()
-        for name in f.keys():
-            _, index, key = name.split(".", 2)
-            state.setdefault(int(index), {})[key] = f.get_tensor(name)
-    for name, value in json.loads(metadata["other"]).items():
-        index, key = name.split(".", 1)
-        state.setdefault(int(index), {})[key] = value
-    optimizer.load_state_dict({"state": state, "param_groups": json.loads(metadata["param_groups"])})
-
-
-def rng_state(device: torch.device) -> dict[str, torch.Tensor]:
-    """This process's torch RNG state (CPU, and CUDA on a GPU): dropout continues exactly on resume."""
-    state = {"cpu": torch.get_rng_state()}
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
-
-
-def _write_atomically(final: Path, write) -> None:
-    """Call ``write(tmp_folder)``, then rename the folder to ``final``: never a half-written ``final``."""
-    tmp = final.parent / f".tmp-{final.name}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    write(tmp)
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-
-
-def save_checkpoint(cfg: RunConfig, step: int, model, optimizer, accelerator) -> Path:
-    """Model, optimizer, scaler, step and every rank's RNG state; written by the main process only."""
-    from accelerate.utils import gather_object
-    from safetensors.torch import save_file, save_model
-
-    rngs = gather_object([rng_state(accelerator.device)])  # collective: every rank calls it
-    final = checkpoint_dir(cfg.output_dir, step)
-    if accelerator.is_main_process:
-
-        def write(folder: Path) -> None:
-            save_model(model, str(folder / "model.safetensors"))
-            save_optimizer(optimizer, folder / "optimizer.safetensors")
-            save_file(
-                {f"rank{r}.{k}": v.cpu() for r, state in enumerate(rngs) for k, v in state.items()},
-                str(folder / "rng.safetensors"),
-            )
-            scaler = accelerator.scaler.state_dict() if accelerator.scaler is not None else None
-            state = {
-                "step": step,
-                "world_size": accelerator.num_processes,
-                "scaler": scaler,
-                "config": asdict(cfg),
-            }
-            (folder / "state.json").write_text(json.dumps(state, indent=1))
-
-        _write_atomically(final, write)
-        for _, old in list_checkpoints(cfg.output_dir)[: -cfg.keep_checkpoints]:
-            shutil.rmtree(old, ignore_errors=True)
-    accelerator.wait_for_everyone()
-    return final
-
-
-def load_checkpoint(path: Path, model, optimizer, accelerator) -> int:
-    """Restore model, optimizer, scaler and this rank's RNG state from ``path``; return its step."""
-    from safetensors import safe_open
-    from safetensors.torch import load_model
-
-    state = json.loads((path / "state.json").read_text())
-    load_model(model, str(path / "model.safetensors"), device="cpu")
-    load_optimizer(optimizer, path / "optimizer.safetensors")
-    if accelerator.scaler is not None and state.get("scaler"):
-        accelerator.scaler.load_state_dict(state["scaler"])
-    if state["world_size"] == accelerator.num_processes:
-        with safe_open(str(path / "rng.safetensors"), framework="pt") as f:
-            prefix = f"rank{accelerator.process_index}."
-            torch.set_rng_state(f.get_tensor(prefix + "cpu"))
-            if accelerator.device.type == "cuda" and prefix + "cuda" in f.keys():
-                torch.cuda.set_rng_state(f.get_tensor(prefix + "cuda"), accelerator.device)
-    else:
-        accelerator.print(
-            f"note: {path} was written by {state['world_size']} process(es), this run has "
-            f"{accelerator.num_processes}: training continues, but the data order and dropout differ "
-            "from an uninterrupted run."
-        )
-        seed_everything(state["config"]["seed"] + state["step"])
-    return int(state["step"])
-
-
-def save_final_model(cfg: RunConfig, model, tokenizer, accelerator) -> Path:
-    """``<output_dir>/final``: a Hugging Face folder ``course_lib.models.load_model`` can load."""
-    final = Path(cfg.output_dir) / "final"
-    if accelerator.is_main_process:
-
-        def write(folder: Path) -> None:
-            from transformers.utils import logging as hf_logging
-
-            hf_logging.disable_progress_bar()  # a "Writing model shards" bar for one small file
-            model.save_pretrained(folder)
-            tokenizer.save_pretrained(folder)
-
-        _write_atomically(final, write)
-    accelerator.wait_for_everyone()
-    return final
 
 
 # ---------------------------------------------------------------------------------------------
@@ -439,7 +264,7 @@ def run(cfg: RunConfig) -> dict[str, Any]:
     log = accelerator.print  # the main process only
     state = accelerator.state
     log(
-        f"course_lib.train: {accelerator.num_processes} process(es), {state.distributed_type.value}"
+        f"course_lib.cli.train: {accelerator.num_processes} process(es), {state.distributed_type.value}"
         f"{' (' + state.backend + ')' if state.backend else ''}, device {accelerator.device.type}, "
         f"precision {accelerator.mixed_precision}, {threads} torch thread(s) per process"
     )
@@ -452,9 +277,9 @@ def run(cfg: RunConfig) -> dict[str, Any]:
     steps = total_steps(cfg, len(train_loader))
 
     start_step = 0
-    resume_from = find_resume_checkpoint(cfg)
+    resume_from = checkpoints.find_resume_checkpoint(cfg.resume, cfg.output_dir)
     if resume_from is not None:
-        start_step = load_checkpoint(resume_from, model, optimizer, accelerator)
+        start_step = checkpoints.load_checkpoint(resume_from, model, optimizer, accelerator)
         log(f"resumed from {resume_from} at step {start_step}")
     global_batch = cfg.batch_size * cfg.grad_accum_steps * accelerator.num_processes
     log(
@@ -470,7 +295,9 @@ def run(cfg: RunConfig) -> dict[str, Any]:
 
     def on_step(step: int) -> None:
         if step % cfg.save_every == 0 or step == steps:
-            path = save_checkpoint(cfg, step, model, optimizer, accelerator)
+            path = checkpoints.save_checkpoint(
+                cfg.output_dir, step, model, optimizer, accelerator, asdict(cfg), cfg.keep_checkpoints
+            )
             log(f"step {step}: checkpoint {path}")
         if cfg.stop_after_steps is not None and step >= cfg.stop_after_steps and step < steps:
             log(f"--stop-after-steps {cfg.stop_after_steps}: exiting at step {step} as if killed")
@@ -500,7 +327,7 @@ def run(cfg: RunConfig) -> dict[str, Any]:
     )
     wall_s = time.perf_counter() - started
     tp = throughput(history, cfg, accelerator)
-    final = save_final_model(cfg, model, tokenizer, accelerator)
+    final = checkpoints.save_final_model(cfg.output_dir, model, tokenizer, accelerator)
     metrics = {
         "config": asdict(cfg),
         "processes": accelerator.num_processes,
@@ -533,7 +360,7 @@ def run(cfg: RunConfig) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``python -m course_lib.train`` (and of ``notebook_launcher(main, args=(argv,))``)."""
+    """Entry point of ``python -m course_lib.cli.train`` (and of ``notebook_launcher(main, args=(argv,))``)."""
     cfg = parse_args(argv)
     try:
         run(cfg)

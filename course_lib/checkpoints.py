@@ -1,0 +1,189 @@
+"""Checkpoints of a (distributed) training run: safetensors for tensors, JSON for the rest.
+
+Written atomically (a temporary folder, then a rename) by the main process: a killed run never leaves
+a half-written checkpoint. A checkpoint holds the model, the optimizer state, the GradScaler's state,
+the step, every rank's RNG state and the run's configuration, so ``--resume`` continues to the same
+final parameters as an uninterrupted run (``course_lib.training.resume``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from course_lib.devices import seed_everything
+
+CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
+
+
+def checkpoint_dir(output_dir: str | Path, step: int) -> Path:
+    """``<output_dir>/checkpoint-<step>``."""
+    return Path(output_dir) / f"checkpoint-{step:06d}"
+
+
+def list_checkpoints(output_dir: str | Path) -> list[tuple[int, Path]]:
+    """Complete checkpoints in ``output_dir`` as ``(step, folder)``, oldest first."""
+    root = Path(output_dir)
+    found = []
+    if root.is_dir():
+        for child in root.iterdir():
+            match = CHECKPOINT_RE.match(child.name)
+            if match and (child / "state.json").is_file():
+                found.append((int(match.group(1)), child))
+    return sorted(found)
+
+
+def find_resume_checkpoint(resume: str | None, output_dir: str | Path) -> Path | None:
+    """The folder ``--resume`` points at (None without ``--resume``); a clear error if there is none."""
+    if resume is None:
+        return None
+    if resume == "latest":
+        found = list_checkpoints(output_dir)
+        if not found:
+            raise FileNotFoundError(
+                f"--resume: no checkpoint in {output_dir}. Start without --resume, or pass "
+                "--output-dir of the run to continue (or a checkpoint folder: --resume DIR)."
+            )
+        return found[-1][1]
+    path = Path(resume)
+    if not (path / "state.json").is_file():
+        raise FileNotFoundError(
+            f"--resume {path}: not a checkpoint folder (no state.json). Pass a checkpoint-NNNNNN folder "
+            "written by this command, or --resume alone for the newest one in --output-dir."
+        )
+    return path
+
+
+def save_optimizer(optimizer: torch.optim.Optimizer, path: Path) -> None:
+    """The optimizer's state as safetensors: tensors as such, the param groups as JSON metadata."""
+    from safetensors.torch import save_file
+
+    state = optimizer.state_dict()
+    tensors, other = {}, {}
+    for index, values in state["state"].items():
+        for key, value in values.items():
+            if torch.is_tensor(value):
+                tensors[f"state.{index}.{key}"] = value.detach().cpu().contiguous()
+            else:
+                other[f"{index}.{key}"] = value
+    metadata = {"param_groups": json.dumps(state["param_groups"]), "other": json.dumps(other)}
+    save_file(tensors, str(path), metadata=metadata)
+
+
+def load_optimizer(optimizer: torch.optim.Optimizer, path: Path) -> None:
+    """Inverse of ``save_optimizer``."""
+    from safetensors import safe_open
+
+    state: dict[int, dict[str, Any]] = {}
+    with safe_open(str(path), framework="pt") as f:
+        metadata = f.metadata()
+        for name in f.keys():
+            _, index, key = name.split(".", 2)
+            state.setdefault(int(index), {})[key] = f.get_tensor(name)
+    for name, value in json.loads(metadata["other"]).items():
+        index, key = name.split(".", 1)
+        state.setdefault(int(index), {})[key] = value
+    optimizer.load_state_dict({"state": state, "param_groups": json.loads(metadata["param_groups"])})
+
+
+def rng_state(device: torch.device) -> dict[str, torch.Tensor]:
+    """This process's torch RNG state (CPU, and CUDA on a GPU): dropout continues exactly on resume."""
+    state = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def _write_atomically(final: Path, write) -> None:
+    """Call ``write(tmp_folder)``, then rename the folder to ``final``: never a half-written ``final``."""
+    tmp = final.parent / f".tmp-{final.name}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    write(tmp)
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+
+
+def save_checkpoint(
+    output_dir: str | Path, step: int, model, optimizer, accelerator, config: dict, keep: int = 2
+) -> Path:
+    """Model, optimizer, scaler, step, every rank's RNG state and the run's ``config``; the newest
+    ``keep`` checkpoints are kept. Written by the main process only; every rank must call it."""
+    from accelerate.utils import gather_object
+    from safetensors.torch import save_file, save_model
+
+    rngs = gather_object([rng_state(accelerator.device)])  # collective: every rank calls it
+    final = checkpoint_dir(output_dir, step)
+    if accelerator.is_main_process:
+
+        def write(folder: Path) -> None:
+            save_model(model, str(folder / "model.safetensors"))
+            save_optimizer(optimizer, folder / "optimizer.safetensors")
+            save_file(
+                {f"rank{r}.{k}": v.cpu() for r, state in enumerate(rngs) for k, v in state.items()},
+                str(folder / "rng.safetensors"),
+            )
+            scaler = accelerator.scaler.state_dict() if accelerator.scaler is not None else None
+            state = {
+                "step": step,
+                "world_size": accelerator.num_processes,
+                "scaler": scaler,
+                "config": config,
+            }
+            (folder / "state.json").write_text(json.dumps(state, indent=1))
+
+        _write_atomically(final, write)
+        for _, old in list_checkpoints(output_dir)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def load_checkpoint(path: Path, model, optimizer, accelerator) -> int:
+    """Restore model, optimizer, scaler and this rank's RNG state from ``path``; return its step."""
+    from safetensors import safe_open
+    from safetensors.torch import load_model
+
+    state = json.loads((path / "state.json").read_text())
+    load_model(model, str(path / "model.safetensors"), device="cpu")
+    load_optimizer(optimizer, path / "optimizer.safetensors")
+    if accelerator.scaler is not None and state.get("scaler"):
+        accelerator.scaler.load_state_dict(state["scaler"])
+    if state["world_size"] == accelerator.num_processes:
+        with safe_open(str(path / "rng.safetensors"), framework="pt") as f:
+            prefix = f"rank{accelerator.process_index}."
+            torch.set_rng_state(f.get_tensor(prefix + "cpu"))
+            if accelerator.device.type == "cuda" and prefix + "cuda" in f.keys():
+                torch.cuda.set_rng_state(f.get_tensor(prefix + "cuda"), accelerator.device)
+    else:
+        accelerator.print(
+            f"note: {path} was written by {state['world_size']} process(es), this run has "
+            f"{accelerator.num_processes}: training continues, but the data order and dropout differ "
+            "from an uninterrupted run."
+        )
+        seed_everything(state["config"]["seed"] + state["step"])
+    return int(state["step"])
+
+
+def save_final_model(output_dir: str | Path, model, tokenizer, accelerator) -> Path:
+    """``<output_dir>/final``: a Hugging Face folder ``course_lib.models.load_model`` can load."""
+    final = Path(output_dir) / "final"
+    if accelerator.is_main_process:
+
+        def write(folder: Path) -> None:
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()  # a "Writing model shards" bar for one small file
+            model.save_pretrained(folder)
+            tokenizer.save_pretrained(folder)
+
+        _write_atomically(final, write)
+    accelerator.wait_for_everyone()
+    return final

@@ -1,0 +1,6 @@
+"""Command-line programs: ``python -m course_lib.cli.<name>``.
+
+train        fine-tune the course model on 1 or N processes (torchrun, accelerate launch)
+experiments  pretrained vs random init on the same budget (writes the README block)
+bench        the training benchmark: four implementations side by side
+"""

@@ -1,0 +1,172 @@
+"""``python -m course_lib.cli.bench``: the training benchmark (docs/benchmark.md).
+
+Four implementations of the same fine-tuning step side by side (``course_lib.benchmark``); ``--quick`` is a
+one-minute smoke run, ``--json``/``--readme`` write the record and the generated tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from course_lib.benchmark.config import (
+    BENCH,
+    BENCH_RECORD,
+    IMPLEMENTATIONS,
+    MEASURE_COMMAND,
+    MODEL_SIZES,
+    README_END,
+    README_START,
+    BenchConfig,
+    quick_config,
+)
+from course_lib.benchmark.harness import run_benchmark
+from course_lib.benchmark.report import (
+    make_record,
+    plot,
+    report_from_record,
+    target_checks,
+    write_readme_section,
+)
+from course_lib.devices import (
+    describe_machine,
+    format_machine,
+)
+from course_lib.tooling import sections
+
+
+def _csv(value: str) -> tuple[str, ...]:
+    return tuple(v.strip() for v in value.split(",") if v.strip())
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, argparse.Namespace]:
+    """Command-line flags into a ``BenchConfig`` (``--quick`` sets a preset the other flags override)."""
+    p = argparse.ArgumentParser(
+        prog="python -m course_lib.cli.bench",
+        description="Training throughput of a PyTorch loop, Accelerator, Trainer and course_lib.cli.train: "
+        "same model, data, batch shapes and seed, interleaved runs.",
+        epilog="What each column means and how it is measured: docs/benchmark.md.",
+    )
+    p.add_argument("--quick", action="store_true", help="smoke test: tiny model, fp32+bf16, few steps")
+    p.add_argument("--sizes", type=_csv, help=f"comma-separated, from {', '.join(MODEL_SIZES)}")
+    p.add_argument("--precisions", type=_csv, help="comma-separated from no (fp32), bf16, fp16")
+    p.add_argument("--implementations", type=_csv, help=f"comma-separated, from {', '.join(IMPLEMENTATIONS)}")
+    p.add_argument("--batch-size", type=int)
+    p.add_argument("--seq-len", type=int)
+    p.add_argument("--steps", type=int, help="timed optimizer steps per run")
+    p.add_argument("--warmup", type=int, help="untimed optimizer steps at the start of every run")
+    p.add_argument("--rounds", type=int, help="interleaved repetitions")
+    p.add_argument("--lr", type=float)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--device", help="auto (default), cpu, cuda, mps")
+    p.add_argument("--no-memory", action="store_true", help="skip peak memory (2 extra steps per row)")
+    p.add_argument("--memory", action="store_true", help="measure peak memory even with --quick")
+    p.add_argument(
+        "--json",
+        metavar="PATH",
+        help=f"write the run's record (rows, settings, machine), e.g. {BENCH_RECORD}",
+    )
+    p.add_argument("--markdown", metavar="PATH", help="write the markdown report")
+    p.add_argument("--plot", metavar="PATH", help="write a bar chart (PNG)")
+    p.add_argument(
+        "--readme",
+        metavar="PATH",
+        action="append",
+        help=f"put the report between {README_START} and {README_END} of this file (repeatable); "
+        f"after measuring, the record goes to --json or {BENCH_RECORD}",
+    )
+    p.add_argument(
+        "--from-json",
+        metavar="PATH",
+        help="no measuring: render --readme/--markdown/--plot from this record (measuring flags are ignored)",
+    )
+    p.add_argument("--check", action="store_true", help="with --from-json: only compare the --readme files")
+    args = p.parse_args(argv)
+    overrides = {
+        name: getattr(args, name)
+        for name in (
+            "sizes",
+            "precisions",
+            "implementations",
+            "batch_size",
+            "seq_len",
+            "steps",
+            "warmup",
+            "rounds",
+            "lr",
+            "seed",
+            "device",
+        )
+        if getattr(args, name) is not None
+    }
+    if args.no_memory:
+        overrides["memory"] = False
+    elif args.memory:
+        overrides["memory"] = True
+    cfg = quick_config(**overrides) if args.quick else BenchConfig(**overrides)
+    return cfg, args
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        cfg, args = parse_args(argv)
+        readmes = args.readme or []
+        for path in readmes:
+            sections.read_block(path, BENCH)  # a missing file or bad markers: say so before measuring
+        if args.check and not (args.from_json and readmes):
+            raise ValueError(
+                f"--check compares files with a record: add --from-json {BENCH_RECORD} and --readme FILE."
+            )
+        if args.from_json:
+            if args.json:
+                raise ValueError("--json writes a new measurement; with --from-json nothing is measured.")
+            record = sections.load_record(args.from_json, MEASURE_COMMAND)
+            report = report_from_record(record)
+        else:
+            print(format_machine(describe_machine()))
+            print(f"\nconfig: {asdict(cfg)}\n")
+            start = time.perf_counter()
+            rows = run_benchmark(cfg)
+            seconds = time.perf_counter() - start
+            record = make_record(rows, cfg, seconds)
+            report = report_from_record(record)
+    except (ValueError, FileNotFoundError, RuntimeError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    rows = record["rows"]
+    if args.check:
+        fix = f"python -m course_lib.cli.bench --from-json {args.from_json}" + "".join(
+            f" --readme {p}" for p in readmes
+        )
+        problems = [sections.check_block(path, BENCH, report, fix) for path in readmes]
+        for problem in filter(None, problems):
+            print(problem, file=sys.stderr)
+        if any(problems):
+            return 1
+        print(f"{', '.join(readmes)}: the {BENCH} section is up to date with {args.from_json}")
+        return 0
+    checks = target_checks(rows)
+    if not args.from_json:
+        print("\n" + report)
+        if checks:
+            print("Targets:\n" + "\n".join(f"- {line}" for line in checks))
+        print(f"\nbenchmark took {record['seconds']:.0f} s")
+        json_path = args.json or (BENCH_RECORD if readmes else None)
+        if json_path:
+            sections.write_record(json_path, record)
+    if args.markdown:
+        text = report + ("\nTargets:\n\n" + "\n".join(f"- {c}" for c in checks) + "\n" if checks else "")
+        Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.markdown).write_text(text)
+    if args.plot:
+        plot(rows, args.plot)
+    for path in readmes:
+        write_readme_section(path, report)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,8 @@
+"""Instruments: one definition of each quantity the course measures, used by lessons, benchmark and tests.
+
+timing      step time: synchronised wall-clock laps (``Stopwatch``), a repeated call's median
+            (``time_fn``), and laps taken from outside by a forward hook (``StepClock``)
+throughput  matmul GFLOP/s (the machine's peak), model FLOPs per token, tokens/s and MFU
+probe       ``StepProbe``: step time and peak memory of any loop (PyTorch, Accelerator, Trainer)
+memory      peak tensor memory of a training step: CUDA allocator peak, CPU allocation peak (profiler)
+"""

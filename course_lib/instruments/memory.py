@@ -1,0 +1,156 @@
+"""Peak memory of training, defined once: the tensor bytes allocated above a starting point.
+
+* ``TensorPeak``: start it, run one training step, stop it: the peak of tensor bytes allocated in
+  between, above what was allocated at the start (activations, gradients, optimizer state, autocast
+  copies). CUDA: the caching allocator's peak (``torch.cuda.max_memory_allocated``). CPU: the running
+  sum of the allocations ``torch.profiler`` records (there is no allocator counter). Same quantity on
+  both, so lessons and the benchmark compare like with like. NaN on other devices (MPS).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Callable
+from contextlib import contextmanager
+
+import torch
+
+from course_lib.devices import get_device
+
+
+@contextmanager
+def _quiet_stderr_fd():
+    """Silence C-level stderr (the profiler's log lines) inside the block; Python's stays as is."""
+    try:
+        saved = os.dup(2)
+    except OSError:  # no real fd 2 (some embedded interpreters)
+        yield
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+_PROFILER_NOISE = re.compile(
+    r"profiler results will not|the profiling started|include the deallocation event|"
+    r"ActivityProfiler|^\s*(STAGE|USDT|INFO|WARNING):"
+)
+
+
+def _python_stderr_is_fd2() -> bool:
+    """True in a plain script (Python's stderr is fd 2); False under Jupyter, whose stderr is a stream."""
+    try:
+        return sys.stderr.fileno() == 2
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
+class _StderrFdCapture:
+    """Collect what C/C++ code writes to fd 2 into a temporary file; replay the useful lines later."""
+
+    def __init__(self) -> None:
+        self._saved: int | None = None
+        self._file = None
+
+    def start(self) -> None:
+        self.stop()
+        self._file = tempfile.TemporaryFile()
+        self._saved = os.dup(2)
+        os.dup2(self._file.fileno(), 2)
+
+    def stop(self) -> None:
+        """Restore fd 2 and write what was captured, minus the profiler's own log lines, to stderr."""
+        if self._saved is None:
+            return
+        os.dup2(self._saved, 2)
+        os.close(self._saved)
+        self._saved = None
+        self._file.seek(0)
+        text = self._file.read().decode(errors="replace")
+        self._file.close()
+        kept = [line for line in text.splitlines() if line.strip() and not _PROFILER_NOISE.search(line)]
+        if kept:
+            print("\n".join(kept), file=sys.stderr)
+
+
+_CAPTURE = _StderrFdCapture()  # one per process: a new probe ends a capture a failed loop left open
+_ACTIVE_PROFILER: list = []  # the profiler of a probe whose first step has not ended (at most one)
+
+
+def _stop_active_profiler() -> None:
+    """Stop a profiler that a loop which failed before its first ``tick()`` left running."""
+    while _ACTIVE_PROFILER:
+        with _quiet_stderr_fd():
+            _ACTIVE_PROFILER.pop().stop()
+    _CAPTURE.stop()
+
+
+def _peak_from_profiler(prof) -> float:
+    """Peak of the running sum of CPU tensor allocations recorded by ``prof`` (bytes above the start)."""
+    events = prof.profiler.kineto_results.events()
+    mem = sorted(
+        (e.start_ns(), e.nbytes())
+        for e in events
+        if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU
+    )
+    current = peak = 0
+    for _, nbytes in mem:
+        current += nbytes
+        peak = max(peak, current)
+    return float(peak)
+
+
+class TensorPeak:
+    """Peak tensor memory (MiB) between ``start()`` and ``stop()``, above what was allocated at start."""
+
+    def __init__(self, device: torch.device | str | None = None) -> None:
+        self.device = get_device(device) if not isinstance(device, torch.device) else device
+        self._prof = None
+        self._base = 0
+
+    def start(self) -> None:
+        _stop_active_profiler()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            self._base = torch.cuda.memory_allocated(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        elif self.device.type == "cpu":
+            from torch.profiler import ProfilerActivity, profile
+
+            self._prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+            with _quiet_stderr_fd():
+                self._prof.start()
+            _ACTIVE_PROFILER.append(self._prof)
+            if not _python_stderr_is_fd2():  # Jupyter: keep the profiler's C++ log lines out of the cell
+                _CAPTURE.start()  # also ends a capture a failed loop left open
+
+    def stop(self) -> float:
+        """The peak in MiB (NaN where the device has no counter)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            return (torch.cuda.max_memory_allocated(self.device) - self._base) / 2**20
+        if self._prof is None:
+            return float("nan")
+        _stop_active_profiler()
+        peak = _peak_from_profiler(self._prof) / 2**20
+        self._prof = None
+        return peak
+
+
+def tensor_peak_mb(fn: Callable[[], object], device=None) -> float:
+    """``TensorPeak`` around one call of ``fn()``."""
+    peak = TensorPeak(device)
+    peak.start()
+    try:
+        fn()
+    finally:
+        mb = peak.stop()
+    return mb

@@ -1,0 +1,270 @@
+"""Generated sections of the course's markdown files: one writer each, rendered from a committed record.
+
+A generated block lies between two marker lines, each alone on its line, exactly once in its file and
+outside ``` code fences::
+
+    <!-- NAME:start -->
+    ... written by a command, never by hand ...
+    <!-- NAME:end -->
+
+Every block is rendered from a record committed in ``docs/results/`` (what was measured, on which
+machine, when), so it can be written again without measuring, and checked for drift:
+
+    python -m course_lib.tooling.sections check   # exit 1 when a block differs from what its record renders
+    python -m course_lib.tooling.sections list    # which command writes which block, from which record
+
+``find_block``, ``replace_block``, ``write_block`` and ``check_block`` are what the writers
+(``course_lib.tooling.nbtools``, ``course_lib.cli.experiments``, ``course_lib.benchmark``) use; none of them
+handles marker lines itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
+
+
+class SectionError(ValueError):
+    """A file's marker lines are missing, repeated, out of order or inside a code fence."""
+
+
+def markers(name: str) -> tuple[str, str]:
+    """The start and end marker lines of block ``name``."""
+    return f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+
+
+def fenced(lines: list[str]) -> list[bool]:
+    """For each line, whether it belongs to a fenced code block (``` or ~~~), fence lines included."""
+    inside, opening, flags = False, "", []
+    for line in lines:
+        match = _FENCE.match(line)
+        if not inside and match:
+            inside, opening = True, match.group(1)
+            flags.append(True)
+            continue
+        if inside:
+            flags.append(True)
+            stripped = line.strip()
+            if stripped and set(stripped) == {opening[0]} and len(stripped) >= len(opening):
+                inside = False
+            continue
+        flags.append(False)
+    return flags
+
+
+@dataclass(frozen=True)
+class Block:
+    """Where block ``name`` lies in ``lines`` (``splitlines(keepends=True)`` of the text)."""
+
+    name: str
+    lines: tuple[str, ...]
+    start: int  # index of the start marker line
+    end: int  # index of the end marker line
+
+    @property
+    def body(self) -> str:
+        """The text between the two marker lines."""
+        return "".join(self.lines[self.start + 1 : self.end])
+
+
+def find_block(text: str, name: str, where: str = "the file") -> Block:
+    """Locate block ``name`` in ``text``; raise ``SectionError`` saying what to fix when it is malformed.
+
+    Only a marker alone on its line counts (one quoted in prose is left alone); a marker line inside a
+    code fence is refused, since markdown shows it there instead of hiding it.
+    """
+    lines = tuple(text.splitlines(keepends=True))
+    in_fence = fenced(list(lines))
+    start_marker, end_marker = markers(name)
+    found: dict[str, list[int]] = {start_marker: [], end_marker: []}
+    for i, line in enumerate(lines):
+        if line.strip() in found:
+            found[line.strip()].append(i)
+    for marker, at in found.items():
+        for i in at:
+            if in_fence[i]:
+                raise SectionError(
+                    f"{where}, line {i + 1}: the marker line '{marker}' is inside a ``` code block. Move the "
+                    f"generated '{name}' section out of the code block: markers must be alone on their line, "
+                    "outside code fences."
+                )
+    starts, ends = found[start_marker], found[end_marker]
+    if not starts and not ends:
+        raise SectionError(
+            f"{where} has no '{name}' section: add the two marker lines '{start_marker}' and '{end_marker}', "
+            "each alone on its own line and outside code blocks, where the generated section should go, "
+            "then run again."
+        )
+    if len(starts) != 1 or len(ends) != 1 or ends[0] < starts[0]:
+        lines_at = ", ".join(
+            f"{m} at line(s) {', '.join(str(i + 1) for i in at) or 'none'}" for m, at in found.items()
+        )
+        raise SectionError(
+            f"{where} needs exactly one '{start_marker}' line followed by one '{end_marker}' line (found "
+            f"{lines_at}): keep one pair, start before end, and delete the other marker lines."
+        )
+    return Block(name, lines, starts[0], ends[0])
+
+
+def _normalize(body: str) -> str:
+    body = body.strip()
+    return body + "\n" if body else ""
+
+
+def replace_block(text: str, name: str, body: str, where: str = "the file") -> str:
+    """``text`` with block ``name``'s body replaced by ``body`` (marker lines and the rest unchanged)."""
+    block = find_block(text, name, where)
+    return "".join([*block.lines[: block.start + 1], _normalize(body), *block.lines[block.end :]])
+
+
+def read_block(path: str | Path, name: str) -> str:
+    """The body of block ``name`` in the file at ``path``."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: pass the file that holds the '{name}' section.")
+    return find_block(path.read_text(encoding="utf-8"), name, str(path)).body
+
+
+def write_block(path: str | Path, name: str, body: str) -> bool:
+    """Put ``body`` between block ``name``'s markers in ``path``; return whether the file changed."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: pass the file that holds the '{name}' section.")
+    text = path.read_text(encoding="utf-8")
+    new = replace_block(text, name, body, str(path))
+    if new != text:
+        path.write_text(new, encoding="utf-8")
+    return new != text
+
+
+def first_difference(current: str, expected: str) -> str:
+    """``line N: committed '...', rendered '...'`` for the first line where the two texts differ."""
+    a, b = current.splitlines(), expected.splitlines()
+    for i in range(max(len(a), len(b))):
+        left = a[i] if i < len(a) else "(nothing)"
+        right = b[i] if i < len(b) else "(nothing)"
+        if left != right:
+            return f"line {i + 1} of the block: committed {left!r}, rendered {right!r}"
+    return "only blank lines or line ends differ"
+
+
+def check_block(path: str | Path, name: str, body: str, fix: str) -> str | None:
+    """None when block ``name`` in ``path`` holds exactly ``body``; else what differs and the fix."""
+    current = read_block(path, name)
+    expected = _normalize(body)
+    if current == expected:
+        return None
+    return (
+        f"{path}: the '{name}' section differs from what its record renders ({first_difference(current, expected)}). "
+        f"Re-render it with `{fix}` (no measuring); if the committed numbers are the right ones, the record "
+        "is stale: measure again with the writer instead of editing the section by hand."
+    )
+
+
+def load_record(path: str | Path, measure: str) -> dict:
+    """The JSON record at ``path``; a missing one raises an error naming the command that writes it."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: measure and record it with `{measure}`.")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def write_record(path: str | Path, record: dict) -> None:
+    """Write a record as indented JSON (UTF-8, non-ASCII kept readable), creating its folder."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+# ----------------------------------------------------------------------------------------------
+# The generated sections of this repository
+
+
+@dataclass(frozen=True)
+class Generated:
+    """One kind of generated section: where it lives, its record, and the commands that write it."""
+
+    name: str
+    files: tuple[str, ...]
+    record: str
+    render: str  # re-render from the record, no measuring
+    measure: str  # measure, write the record and render
+    checker: str  # "module:function", called with the repository root; returns the problems found
+
+
+GENERATED: tuple[Generated, ...] = (
+    Generated(
+        "lessons",
+        ("README.md", "notebooks/0*.ipynb (header sentence)"),
+        "docs/results/lessons.json",
+        "python -m course_lib.tooling.nbtools render notebooks/*.ipynb --readme README.md",
+        "python -m course_lib.tooling.nbtools execute notebooks/*.ipynb --readme README.md",
+        "course_lib.tooling.nbtools:check_committed",
+    ),
+    Generated(
+        "pretrained",
+        ("README.md",),
+        "docs/results/pretrained.json",
+        "python -m course_lib.cli.experiments --from-json docs/results/pretrained.json --readme README.md",
+        "python -m course_lib.cli.experiments --readme README.md",
+        "course_lib.cli.experiments:check_committed",
+    ),
+    Generated(
+        "bench",
+        ("README.md", "docs/benchmark.md"),
+        "docs/results/bench.json",
+        "python -m course_lib.cli.bench --from-json docs/results/bench.json --readme README.md --readme docs/benchmark.md",
+        "python -m course_lib.cli.bench --json docs/results/bench.json --readme README.md --readme docs/benchmark.md",
+        "course_lib.benchmark.report:check_committed",
+    ),
+)
+
+
+def _checker(spec: str) -> Callable[[Path], list[str]]:
+    module, function = spec.split(":")
+    return getattr(importlib.import_module(module), function)
+
+
+def check_all(root: str | Path = ".") -> list[str]:
+    """Every problem of every generated section under ``root`` (empty when all are up to date)."""
+    problems = []
+    for gen in GENERATED:
+        try:
+            problems += _checker(gen.checker)(Path(root))
+        except (ValueError, FileNotFoundError, KeyError) as err:
+            problems.append(f"{gen.name}: {err}")
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m course_lib.tooling.sections", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("command", choices=["check", "list"])
+    parser.add_argument("--root", type=Path, default=Path("."), help="repository root (default: here)")
+    args = parser.parse_args(argv)
+    if args.command == "list":
+        for gen in GENERATED:
+            print(
+                f"{gen.name}: {', '.join(gen.files)}\n  record:  {gen.record}\n  render:  {gen.render}\n"
+                f"  measure: {gen.measure}"
+            )
+        return 0
+    problems = check_all(args.root)
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    if not problems:
+        print("generated sections: all up to date with their records")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,33 @@
+"""The course's one training loop (``loop.py``), with one file per technique it adds.
+
+loop         ``train`` and ``TrainConfig``: forward, loss, backward, step, plus tagged technique lines
+amp          [amp] autocast + GradScaler with plain PyTorch (``TorchAmp``)
+accelerator  [accelerator] the same loop through an ``Accelerator``; ``fresh_accelerator``
+accum        [accum] gradient accumulation over micro-batches
+ddp          [ddp] no all-reduce mid-accumulation, a new shuffle each epoch
+clip         [clip] gradient clipping on unscaled gradients
+resume       [resume] continue a checkpointed run from an optimizer step
+optim        AdamW (fused where torch has the kernel) and the linear warm-up/decay schedule
+metrics      ``evaluate`` and ``accuracy_f1``
+history      ``History``: what a run measured
+slides       the slides' own loops (PyTorch, Accelerator): the references lessons and benchmark use
+"""
+
+from course_lib.training.accelerator import amp_is_active, fresh_accelerator
+from course_lib.training.history import History
+from course_lib.training.loop import TrainConfig, train
+from course_lib.training.metrics import accuracy_f1, evaluate
+from course_lib.training.optim import fused_adamw_supported, make_optimizer, make_scheduler
+
+__all__ = [
+    "History",
+    "TrainConfig",
+    "accuracy_f1",
+    "amp_is_active",
+    "evaluate",
+    "fresh_accelerator",
+    "fused_adamw_supported",
+    "make_optimizer",
+    "make_scheduler",
+    "train",
+]

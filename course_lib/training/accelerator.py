@@ -1,0 +1,73 @@
+"""[accelerator] The same loop driven by an ``Accelerator``: placement, DDP, autocast, loss scaling.
+
+``prepare`` wraps the model (DDP across processes, autocast in its forward), the optimizer (steps
+through the GradScaler for fp16 on a GPU) and the DataLoaders (each process gets its shard, batches
+arrive on the device). ``accelerator.backward`` scales the loss when a scaler is in use.
+"""
+
+from __future__ import annotations
+
+import warnings
+from contextlib import AbstractContextManager, nullcontext
+
+
+class AcceleratorSteps:
+    """The loop's device, precision, backward and step, delegated to an ``Accelerator``."""
+
+    def __init__(self, accelerator) -> None:
+        self.accelerator = accelerator
+        self.device, self.precision = accelerator.device, accelerator.mixed_precision
+        self.is_main_process = accelerator.is_main_process
+
+    def prepare(self, model, optimizer, train_dataloader, eval_dataloader):
+        # The scheduler is not prepared: Accelerate would step it once per process per step.
+        model, optimizer, train_dataloader = self.accelerator.prepare(model, optimizer, train_dataloader)
+        if eval_dataloader is not None:
+            eval_dataloader = self.accelerator.prepare(eval_dataloader)
+        return model, optimizer, train_dataloader, eval_dataloader
+
+    def to_device(self, batch):
+        return batch  # a prepared DataLoader already delivers batches on the device
+
+    def autocast(self) -> AbstractContextManager:
+        return nullcontext()  # the prepared model autocasts inside its forward
+
+    def backward(self, loss) -> None:
+        self.accelerator.backward(loss)
+
+    def unscale(self, optimizer) -> None:
+        self.accelerator.unscale_gradients(optimizer)
+
+    def step(self, optimizer, history) -> None:
+        optimizer.step()  # a prepared optimizer steps through the Accelerator's GradScaler
+
+    def eval_args(self) -> dict:
+        return {"accelerator": self.accelerator}
+
+
+def fresh_accelerator(**kwargs):
+    """A new ``Accelerator(**kwargs)`` even if one already exists in this process.
+
+    ``Accelerator`` state is a process-wide singleton: a second one with another
+    ``mixed_precision`` raises. This resets the shared state first (safe in a notebook with one
+    process; do not call it inside a running distributed job). It warns when fp16 is asked for on
+    a CPU, where Accelerate silently trains in fp32.
+    """
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    accelerator = Accelerator(**kwargs)
+    if accelerator.mixed_precision == "fp16" and accelerator.device.type == "cpu":
+        warnings.warn(
+            "Accelerator(mixed_precision='fp16') on a CPU does nothing: no autocast, no GradScaler, "
+            "training runs in fp32. Use mixed_precision='bf16' on a CPU.",
+            stacklevel=2,
+        )
+    return accelerator
+
+
+def amp_is_active(accelerator) -> bool:
+    """Whether an ``Accelerator`` really runs autocast (False for fp16 on CPU, see PITFALLS)."""
+    return bool(getattr(accelerator, "native_amp", False)) and accelerator.mixed_precision != "no"

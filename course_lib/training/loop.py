@@ -1,0 +1,160 @@
+"""The course's one training loop: the slides' four lines, plus one visible line per technique.
+
+Read ``train`` top to bottom: forward, loss, backward, step. Every other line belongs to a technique
+and carries its tag; each tag names the file of this package that holds what the technique does:
+
+* ``# [amp]``         ``amp.py``          autocast for fp16/bf16, a ``GradScaler`` for fp16 only
+* ``# [accelerator]`` ``accelerator.py``  the same loop driven by an ``Accelerator`` (placement, DDP)
+* ``# [accum]``       ``accum.py``        one optimizer step over ``grad_accum_steps`` micro-batches
+* ``# [ddp]``         ``ddp.py``          no all-reduce mid-accumulation, a new shuffle each epoch
+* ``# [clip]``        ``clip.py``         gradient clipping, after unscaling
+* ``# [resume]``      ``resume.py``       continue from optimizer step ``start_step``; ``on_step`` hook
+
+Without an ``Accelerator`` the loop runs on ``TorchAmp`` (placement + ``torch.amp``); with one, on
+``AcceleratorSteps``. Both offer the same five calls (prepare, to_device, autocast, backward, step),
+so the loop has no branch per technique. A test keeps the tags and the files in step.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+from tqdm.auto import tqdm
+
+from course_lib.devices import get_device, seed_everything
+from course_lib.instruments.timing import Stopwatch
+from course_lib.mixed_precision import check_precision
+from course_lib.training.accelerator import AcceleratorSteps
+from course_lib.training.accum import micro_batches, steps_per_epoch
+from course_lib.training.amp import TorchAmp
+from course_lib.training.clip import clip_gradients
+from course_lib.training.ddp import set_epoch, sync_gradients
+from course_lib.training.history import History
+from course_lib.training.metrics import evaluate
+from course_lib.training.optim import make_optimizer, make_scheduler
+from course_lib.training.resume import resume_position
+
+PROGRESS_INTERVAL = 1.0  # seconds between progress-bar redraws (a bounded number of kernel messages)
+
+
+@dataclass
+class TrainConfig:
+    """Settings of one training run (log it with ``dataclasses.asdict``)."""
+
+    epochs: int = 1
+    max_steps: int | None = None  # optimizer steps; None: run all epochs
+    lr: float = 5e-4
+    weight_decay: float = 0.01
+    warmup_ratio: float = 0.1
+    precision: str = "no"  # "no" | "fp16" | "bf16"
+    grad_accum_steps: int = 1
+    max_grad_norm: float | None = 1.0
+    seed: int = 0
+    device: str | None = None  # None: auto (cuda, mps, cpu); ignored with an Accelerator
+    progress: bool = True
+    eval_every_epoch: bool = True
+
+    def __post_init__(self) -> None:
+        if self.grad_accum_steps < 1:
+            raise ValueError(f"grad_accum_steps must be >= 1, got {self.grad_accum_steps}.")
+        if self.epochs < 1 and not self.max_steps:
+            raise ValueError("Set epochs >= 1 or max_steps >= 1: there is nothing to train.")
+        if self.lr <= 0:
+            raise ValueError(f"lr must be positive, got {self.lr}.")
+
+
+def train(
+    model: torch.nn.Module,
+    train_dataloader,
+    config: TrainConfig | None = None,
+    eval_dataloader=None,
+    accelerator=None,
+    optimizer: torch.optim.Optimizer | None = None,
+    start_step: int = 0,
+    on_step: Callable[[int], None] | None = None,
+) -> History:
+    """Fine-tune ``model`` on ``train_dataloader`` per ``config``; return the measured ``History``.
+
+    Without ``accelerator`` the loop moves model and batches to ``config.device`` itself. With an
+    ``Accelerator`` it calls ``accelerator.prepare`` on the model, optimizer and dataloaders (pass
+    them unprepared) and the precision comes from the Accelerator.
+
+    Resuming: load the model and optimizer state (and the RNG state) first, then pass
+    ``start_step``: the learning-rate schedule and the data continue from that optimizer step.
+    ``on_step(step)`` runs after every optimizer step (e.g. to save a checkpoint).
+    """
+    cfg = config or TrainConfig()
+    k = cfg.grad_accum_steps
+    if start_step == 0:
+        seed_everything(cfg.seed)  # a resumed run keeps the RNG state its caller restored  # [resume]
+    if len(train_dataloader) == 0:
+        raise ValueError("The training DataLoader is empty: there is nothing to train on.")
+    optimizer = optimizer or make_optimizer(model, cfg.lr, cfg.weight_decay)
+    if accelerator is not None:
+        steps = AcceleratorSteps(accelerator)  # [accelerator]
+    else:
+        device = get_device(cfg.device)
+        steps = TorchAmp(device, check_precision(cfg.precision, device))  # [amp]
+    model, optimizer, train_dataloader, eval_dataloader = steps.prepare(
+        model, optimizer, train_dataloader, eval_dataloader
+    )
+    # Counted after prepare: under N processes each one sees 1/N of the batches.
+    per_epoch = steps_per_epoch(len(train_dataloader), k)  # [accum]
+    total_steps = cfg.max_steps or per_epoch * cfg.epochs
+    scheduler = make_scheduler(optimizer, total_steps, cfg.warmup_ratio, start_step)  # [resume]
+    first_epoch, skip = resume_position(start_step, per_epoch, k)  # [resume]
+
+    history = History(config={**asdict(cfg), "precision": steps.precision, "device": str(steps.device)})
+    bar = tqdm(
+        initial=start_step,
+        total=total_steps,
+        desc=f"train ({steps.precision})",
+        disable=not (cfg.progress and steps.is_main_process),
+        mininterval=PROGRESS_INTERVAL,
+    )
+    model.train()
+    step, watch, tokens = start_step, Stopwatch(steps.device), 0
+    for epoch in range(first_epoch, math.ceil(total_steps / per_epoch)):
+        set_epoch(train_dataloader, epoch)  # [ddp]
+        watch.start()
+        for batch, update in micro_batches(train_dataloader, k, skip if epoch == first_epoch else 0):
+            batch = steps.to_device(batch)
+            tokens += batch["input_ids"].numel()
+            with sync_gradients(model, update):  # [ddp]
+                with steps.autocast():  # [amp]
+                    loss = model(**batch).loss / k  # forward + loss  # [accum]
+                steps.backward(loss)  # backward  # [amp] scaled for fp16
+            if not update:  # [accum]
+                continue
+            if cfg.max_grad_norm:
+                clip_gradients(steps, model, optimizer, cfg.max_grad_norm)  # [clip]
+            steps.step(optimizer, history)  # step  # [amp] skipped on inf/nan
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+
+            step += 1
+            history.losses.append(loss.item() * k)
+            history.step_times.append(watch.lap())
+            history.step_tokens.append(tokens)
+            tokens = 0
+            bar.set_postfix(loss=f"{history.losses[-1]:.3f}", refresh=False)
+            bar.update(1)
+            if on_step is not None:
+                on_step(step)  # e.g. save a checkpoint  # [resume]
+            watch.start()
+            if step >= total_steps:
+                break
+        if eval_dataloader is not None and cfg.eval_every_epoch:
+            history.evals.append({"step": step, **evaluate(model, eval_dataloader, **steps.eval_args())})
+        if step >= total_steps:
+            break
+    bar.close()
+    if not all(math.isfinite(x) for x in history.losses):
+        warnings.warn(
+            "Some training losses were not finite: lower lr or use bf16/loss scaling.", stacklevel=2
+        )
+    return history

@@ -1,0 +1,184 @@
+"""The shape of ``course_lib``: a module map that names every module, no import cycles, modules of a
+readable size, and one training loop whose technique tags match its files."""
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PKG = ROOT / "course_lib"
+MAX_LINES = 400
+TECHNIQUES = ("amp", "accelerator", "accum", "ddp", "clip", "resume")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in sorted(PKG.rglob("*.py"))}
+PACKAGES = {name for name, p in MODULES.items() if p.name == "__init__.py"}
+
+
+def docstring(name: str) -> str:
+    return ast.get_docstring(ast.parse(MODULES[name].read_text()), clean=False) or ""
+
+
+def children(package: str) -> list[str]:
+    """Modules and subpackages directly inside ``package`` (their last name part)."""
+    depth = package.count(".") + 1
+    return sorted(
+        n.rsplit(".", 1)[1]
+        for n in MODULES
+        if n.startswith(package + ".") and n.count(".") == depth and not n.endswith("__main__")
+    )
+
+
+@pytest.mark.parametrize("package", sorted(PACKAGES))
+def test_every_package_docstring_maps_its_modules(package):
+    listed = set(re.findall(r"(?m)^ {0,4}([a-z_0-9]+)/? {2,}\S", docstring(package)))
+    missing = sorted(set(children(package)) - listed)
+    assert not missing, f"{package}'s docstring (its module map) does not name: {missing}"
+    stale = sorted(listed - set(children(package)))
+    assert not stale, f"{package}'s module map names modules that do not exist: {stale}"
+
+
+def test_contributing_names_every_top_level_module_and_folder():
+    text = (ROOT / "CONTRIBUTING.md").read_text()
+    missing = [c for c in children("course_lib") if not re.search(rf"`(course_lib/)?{c}\b", text)]
+    assert not missing, f"CONTRIBUTING.md's layout does not name: {missing}"
+
+
+def imports_of(name: str) -> set[str]:
+    """Every course_lib module ``name`` imports, at module level or inside a function."""
+    tree = ast.parse(MODULES[name].read_text())
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found |= {f"{node.module}.{a.name}" for a in node.names}
+    return {m for m in found if m in MODULES and m != name}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt) :] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        state[node] = 2
+        stack.pop()
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_find_cycle_finds_one():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_no_import_cycles_not_even_through_imports_inside_functions():
+    graph = {name: imports_of(name) for name in MODULES}
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_modules_stay_readable(name):
+    lines = len(MODULES[name].read_text().splitlines())
+    if lines > MAX_LINES:
+        assert "lines because" in docstring(name), (
+            f"{name} has {lines} lines: split it by concern, or say in its docstring why it is longer "
+            f"than {MAX_LINES} lines ('... lines because ...')."
+        )
+
+
+def test_the_loop_tags_every_technique_and_each_tag_has_its_file():
+    loop = MODULES["course_lib.training.loop"].read_text()
+    code = loop.split('"""', 2)[2]  # after the docstring
+    tags = set(re.findall(r"# \[(\w+)\]", code))
+    assert tags == set(TECHNIQUES), f"tags in loop.py: {sorted(tags)}"
+    for tag in TECHNIQUES:
+        module = f"course_lib.training.{tag}"
+        assert module in MODULES, f"# [{tag}] in loop.py, but no course_lib/training/{tag}.py"
+        assert docstring(module).startswith(f"[{tag}]"), f"{module}'s docstring starts with [{tag}]"
+        assert (
+            module in imports_of("course_lib.training.loop")
+            or tag == "resume"
+            or any(m.startswith(module) for m in imports_of("course_lib.training.loop"))
+        )
+
+
+def test_the_loop_has_no_branch_per_technique():
+    """The loop picks its steps once (Accelerator or plain PyTorch); no other branch on precision,
+    scaler or accelerator: those live in the technique files."""
+    tree = ast.parse(MODULES["course_lib.training.loop"].read_text())
+    train = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "train")
+    technique_words = {"accelerator", "scaler", "precision", "no_sync", "sampler"}
+    branching = [
+        ast.unparse(n.test)
+        for n in ast.walk(train)
+        if isinstance(n, ast.If | ast.IfExp)
+        and technique_words
+        & {x.id if isinstance(x, ast.Name) else getattr(x, "attr", "") for x in ast.walk(n.test)}
+    ]
+    assert branching == ["accelerator is not None"], branching
+
+
+# Lessons show the library's lines (in the spirit of accelerate's compare_against_test): a function a
+# lesson defines to show a technique must be, line for line, the function the library runs.
+SHOWN_IN_LESSONS = {
+    ("notebooks/03_mixed_precision.ipynb", "train_pytorch"): "course_lib.training.slides",
+    ("notebooks/03_mixed_precision.ipynb", "train_accelerate"): "course_lib.training.slides",
+}
+
+
+def function_source(source: str, name: str) -> str | None:
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            return ast.get_source_segment(source, node)
+    return None
+
+
+@pytest.mark.parametrize(("lesson", "function"), sorted(SHOWN_IN_LESSONS), ids=lambda x: x)
+def test_a_lesson_shows_exactly_the_library_lines(lesson, function):
+    import nbformat
+
+    nb = nbformat.read(ROOT / lesson, as_version=4)
+    shown = [
+        src
+        for cell in nb.cells
+        if cell.cell_type == "code"
+        and (
+            src := function_source(
+                "\n".join(ln for ln in cell.source.splitlines() if not ln.startswith(("%", "!"))), function
+            )
+        )
+    ]
+    assert len(shown) == 1, f"{lesson} defines {function} {len(shown)} times (expected once)"
+    module = SHOWN_IN_LESSONS[(lesson, function)]
+    library = function_source(MODULES[module].read_text(), function)
+    assert shown[0] == library, (
+        f"{lesson}'s {function} differs from {module}.{function}: copy the library's lines into the "
+        "lesson (or change both), so the lesson shows what the course runs."
+    )
+
+
+def test_the_equality_check_catches_a_changed_line():
+    library = function_source(MODULES["course_lib.training.slides"].read_text(), "train_pytorch")
+    changed = library.replace("scaler.update()", "pass")
+    assert function_source(changed, "train_pytorch") != library

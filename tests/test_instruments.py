@@ -1,0 +1,78 @@
+"""The instruments: step time, throughput and peak memory (course_lib.instruments), and text tables."""
+
+import math
+import statistics
+
+import pytest
+import torch
+
+from course_lib.instruments.probe import StepProbe, probe_callback
+from course_lib.instruments.timing import Stopwatch, median, time_fn
+from course_lib.tables import render_table
+
+
+def test_render_table():
+    text = render_table([{"a": 1, "b": 0.123456}, {"a": 22, "b": "x"}])
+    assert text.splitlines() == ["a   b", "1   0.123", "22  x"]
+    with pytest.raises(ValueError, match="non-empty"):
+        render_table([])
+
+
+def test_step_probe_measures_tensor_memory_of_the_first_step_on_cpu():
+    probe = StepProbe("cpu")
+    probe.start()
+    a = torch.ones(2**21)  # 8 MiB
+    del a
+    b = torch.ones(2**20)  # 4 MiB, after the 8 MiB were freed: the peak stays 8 MiB
+    probe.tick()
+    assert 8.0 <= probe.peak_mb < 9.0
+    for _ in range(3):
+        probe.tick()
+    assert len(probe.step_times) == 4
+    assert probe.median_step_time() == statistics.median(probe.step_times[1:])  # warm-up skipped
+    assert probe.peak_mb < 9.0  # only the first step is measured
+    del b
+
+
+def test_a_probe_recovers_from_a_loop_that_failed_before_its_first_tick():
+    failed = StepProbe("cpu")
+    failed.start()  # ... and the loop raised: no tick(), the profiler is still running
+    probe = StepProbe("cpu")
+    probe.start()
+    x = torch.ones(2**20)  # 4 MiB
+    probe.tick()
+    assert 4.0 <= probe.peak_mb < 5.0
+    assert failed._peak._prof.profiler.profiling_end_time_ns > 0  # the abandoned profiler was stopped
+    assert not torch.autograd.profiler._is_profiler_enabled
+    del x
+
+
+def test_step_probe_without_memory_and_its_trainer_callback():
+    probe = StepProbe("cpu", measure_memory=False)
+    callback = probe_callback(probe)
+    callback.on_train_begin(None, None, None)
+    callback.on_step_end(None, None, None)
+    callback.on_step_end(None, None, None)
+    assert len(probe.step_times) == 2 and math.isnan(probe.peak_mb)
+    assert math.isnan(StepProbe("cpu").median_step_time())
+
+
+def test_median_skips_warm_up_unless_that_leaves_nothing():
+    assert median([9.0, 1.0, 2.0, 3.0], skip=1) == 2.0
+    assert median([9.0], skip=1) == 9.0
+    assert math.isnan(median([]))
+
+
+def test_stopwatch_laps_add_up_and_time_fn_counts_its_calls():
+    watch = Stopwatch("cpu")
+    with pytest.raises(RuntimeError, match="start"):
+        watch.lap()
+    watch.start()
+    laps = [watch.lap() for _ in range(3)]
+    assert all(lap >= 0 for lap in laps) and watch.last >= watch.now() - 1.0
+    calls = []
+    timing = time_fn(lambda: calls.append(1), warmup=2, repeat=5)
+    assert len(calls) == 7 and len(timing.times) == 5
+    assert timing.median == statistics.median(timing.times)
+    with pytest.raises(ValueError, match="repeat must be >= 1"):
+        time_fn(lambda: None, repeat=0)
