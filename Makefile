@@ -64,12 +64,12 @@ format:
 
 # Regenerate the student release exercises/ from solutions/ (committed; CI checks it for drift).
 release: setup
-	$(RUN) python -m course_lib.release
+	$(RUN) python -m course_lib.tooling.release
 
 # A learner checks an exercise without changing it: make check NB=exercises/01_device_placement/01_device_placement.ipynb
 check: setup
 	@test -n "$(NB)" || (echo "Usage: make check NB=exercises/<assignment>/<notebook>.ipynb" && exit 2)
-	$(RUN) $(OFFLINE) python -m course_lib.check "$(NB)"
+	$(RUN) $(OFFLINE) python -m course_lib.tooling.check "$(NB)"
 
 bench: setup
 	$(RUN) python -m course_lib.cli.bench $(BENCH_ARGS)

@@ -1,18 +1,19 @@
-"""The learner's self-check, `python -m course_lib.check NOTEBOOK` (`make check NB=...`).
+"""The learner's self-check, `python -m course_lib.tooling.check NOTEBOOK` (`make check NB=...`).
 
 It runs a temporary copy, scores the visible tests as the autograder does, and never modifies the file.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import nbformat
 
-from course_lib.check import main, modified_locked_cells
-from course_lib.release import write_answers
+from course_lib.tooling.check import execute_copy, main, modified_locked_cells
+from course_lib.tooling.release import write_answers
 
 ROOT = Path(__file__).resolve().parents[1]
 EXERCISE = ROOT / "exercises" / "01_device_placement" / "01_device_placement.ipynb"
@@ -20,7 +21,10 @@ EXERCISE = ROOT / "exercises" / "01_device_placement" / "01_device_placement.ipy
 
 def run_check(path: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "course_lib.check", str(path)], capture_output=True, text=True, timeout=600
+        [sys.executable, "-m", "course_lib.tooling.check", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
 
 
@@ -78,7 +82,7 @@ def test_make_check_runs_this_module():
     done = subprocess.run(
         ["make", "-n", "check", f"NB={EXERCISE}"], cwd=ROOT, capture_output=True, text=True, timeout=60
     )
-    assert done.returncode == 0 and f'python -m course_lib.check "{EXERCISE}"' in done.stdout, (
+    assert done.returncode == 0 and f'python -m course_lib.tooling.check "{EXERCISE}"' in done.stdout, (
         done.stdout + done.stderr
     )
 
@@ -90,3 +94,17 @@ def test_a_missing_kernel_gets_an_error_that_says_what_to_do(tmp_path, capsys):
     nbformat.write(nb, path)
     assert main([str(path)]) == 2
     assert "No Jupyter kernel named 'no-such-kernel'" in capsys.readouterr().err
+
+
+def test_the_kernel_gets_nbgrader_execution_and_extra_env_and_this_process_keeps_its_own(tmp_path):
+    """As nbgrader does, the kernel sees NBGRADER_EXECUTION; ``env`` adds to it (e.g. one OpenMP thread when
+    notebooks run side by side); this process's environment is not changed, so threads may share it."""
+    probe = "import os\nprint(os.environ.get('NBGRADER_EXECUTION'), os.environ.get('COURSE_CHECK_PROBE'))"
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(probe)])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    path = tmp_path / "probe.ipynb"
+    nbformat.write(nb, path)
+    before = dict(os.environ)
+    executed = execute_copy(path, env={"COURSE_CHECK_PROBE": "yes"})
+    assert executed.cells[0].outputs[0]["text"] == "validate yes\n"
+    assert dict(os.environ) == before

@@ -1,16 +1,27 @@
-"""The whole nbgrader grading cycle, run in temporary course directories.
+"""Grading: the whole nbgrader cycle, and the fixture matrix that tests the tests.
 
-For every assignment: generate_assignment -> submissions (the reference answers, the untouched release
-and the submissions of tests/fixtures/submissions.toml) -> autograde -> generate_feedback -> export.
-The assignments are split over two course directories, each with its own sqlite gradebook (sqlite is
-not safe for parallel autograde), graded at the same time. Every nbgrader step handles all submissions
-of its directory in one run, since each nbgrader start costs seconds. nbgrader runs as the command
-found on PATH, the way an instructor runs it: `make test` puts .venv/bin first on PATH, and nbgrader
-shells out to `alembic` from there when it creates a gradebook.
+1. The nbgrader cycle, run in temporary course directories, for every assignment: generate_assignment ->
+   submissions (the reference answers, the untouched release and the submissions of
+   tests/fixtures/submissions.toml marked `graded_by = "nbgrader"`: an edited test cell, deleted test
+   cells, a runaway cell, library warnings, a 5 MB line of output) -> autograde -> generate_feedback ->
+   export. The assignments are split over two course directories, each with its own sqlite gradebook
+   (sqlite is not safe for parallel autograde), graded at the same time. Every nbgrader step handles all
+   submissions of its directory in one run, since each nbgrader start costs seconds. nbgrader runs as the
+   command found on PATH, the way an instructor runs it: `make test` puts .venv/bin first on PATH, and
+   nbgrader shells out to `alembic` from there when it creates a gradebook.
+2. The fixture matrix: every other wrong submission (submissions.toml) and every alternative correct
+   answer (tests/fixtures/alternatives.toml), run with the course's own check runner (course_lib.tooling.check:
+   a fresh kernel, the autograder's scoring) on the notebook autograde runs, hidden tests included.
+   Alternatives ride along in a wrong submission's notebook wherever they cannot mask or be masked by its
+   mistakes, so each assignment runs a few notebooks, not one per fixture; they run alongside the cycle
+   (one module fixture, `grading_runs`, does both). The coverage test then checks,
+   from the measured scores, that every test cell is failed by a wrong answer and passed by every other
+   fixture, and that every answer cell has an alternative correct answer that earns full marks.
 """
 
 from __future__ import annotations
 
+import ast
 import csv
 import os
 import re
@@ -25,22 +36,55 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_lib.check import CELL_TIMEOUT, IGNORED_STDERR, execute_copy
-from course_lib.release import fill_answers, find_assignments
+from course_lib.tooling.check import CELL_TIMEOUT, IGNORED_STDERR, check_notebook, execute_copy
+from course_lib.tooling.grading import NOTE, OUTPUT_CHAR_LIMIT, LimitOutputSize
+from course_lib.tooling.release import fill_answers, find_assignments, strip_solution_markers
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "submissions.toml"
+ALTERNATIVES = ROOT / "tests" / "fixtures" / "alternatives.toml"
 DOCS = ROOT / "README.md"  # its instructor section, between the instructor markers
 ASSIGNMENTS = find_assignments(ROOT)
 COURSE_ID = "efficient-training"
 REFERENCE, UNTOUCHED = "reference", "untouched"
 # A bound on one nbgrader command, so that a hung autograde fails the suite instead of hanging CI.
 COMMAND_LIMIT = 900
+# Notebooks run two at a time (two gradebooks, two matrix workers) on 2 cores: one OpenMP thread each,
+# or torch's threads thrash (CONTRIBUTING, "Threads and load").
+KERNEL_ENV = {"OMP_NUM_THREADS": "1"}
+# The total points of each assignment, as the README's instructor section states them.
+POINT_TOTALS = {
+    "00_intro": 8,
+    "01_device_placement": 12,
+    "02_distributed_concepts": 17,
+    "03_mixed_precision": 23,
+}
+
+
+def apply_patches(nb: nbformat.NotebookNode, patches: list[dict], owner: str) -> nbformat.NotebookNode:
+    """A copy of ``nb`` with ``patches`` (tests/fixtures/ format) applied to the cells they name."""
+    nb = nbformat.from_dict(nb)
+    for patch in patches:
+        cells = {c.metadata.get("nbgrader", {}).get("grade_id"): c for c in nb.cells}
+        cell = cells.get(patch["cell"])
+        assert cell is not None, f"{owner}: no cell {patch['cell']!r}"
+        if patch.get("delete"):
+            nb.cells.remove(cell)
+        elif "source" in patch:
+            cell.source = patch["source"]
+        else:
+            count = cell.source.count(patch["old"])
+            assert count == 1, (
+                f"{owner}: the text {patch['old']!r} occurs {count} times in cell {patch['cell']!r}: "
+                "update the patch to the current solution"
+            )
+            cell.source = cell.source.replace(patch["old"], patch["new"])
+    return nb
 
 
 @dataclass
 class Submission:
-    """A submission built from the reference answers with a few patches (tests/fixtures/)."""
+    """A submission built from the reference answers with a few patches (tests/fixtures/submissions.toml)."""
 
     student: str
     assignment: str
@@ -48,33 +92,40 @@ class Submission:
     loses: list[str]
     patches: list[dict]
     warns_in: list[str] = field(default_factory=list)
+    graded_by: str = "check"  # "check": in the fixture matrix; "nbgrader": in the nbgrader cycle
+    huge_output_in: list[str] = field(default_factory=list)
+
+    @property
+    def cells(self) -> set[str]:
+        return {p["cell"] for p in self.patches}
 
     def build(self, reference: nbformat.NotebookNode) -> nbformat.NotebookNode:
         """The reference notebook with this submission's patches applied."""
-        nb = nbformat.from_dict(reference)
-        cells = {c.metadata.get("nbgrader", {}).get("grade_id"): c for c in nb.cells}
-        for patch in self.patches:
-            cell = cells.get(patch["cell"])
-            assert cell is not None, (
-                f"{FIXTURES.name}: {self.student}: no cell {patch['cell']!r} in {self.assignment}"
-            )
-            if "source" in patch:
-                cell.source = patch["source"]
-                continue
-            count = cell.source.count(patch["old"])
-            assert count == 1, (
-                f"{FIXTURES.name}: {self.student}: the text {patch['old']!r} occurs {count} times in cell "
-                f"{patch['cell']!r} of {self.assignment}: update the patch to the current solution"
-            )
-            cell.source = cell.source.replace(patch["old"], patch["new"])
-        return nb
+        return apply_patches(reference, self.patches, f"{FIXTURES.name}: {self.student} ({self.assignment})")
+
+
+@dataclass
+class Alternative:
+    """An alternative correct answer (tests/fixtures/alternatives.toml): it must earn full marks."""
+
+    name: str
+    assignment: str
+    description: str
+    patches: list[dict]
+
+    @property
+    def cells(self) -> set[str]:
+        return {p["cell"] for p in self.patches}
+
+    def build(self, reference: nbformat.NotebookNode) -> nbformat.NotebookNode:
+        return apply_patches(reference, self.patches, f"{ALTERNATIVES.name}: {self.name} ({self.assignment})")
 
 
 def load_submissions() -> list[Submission]:
     """The submissions described in tests/fixtures/submissions.toml."""
     with FIXTURES.open("rb") as f:
         entries = tomllib.load(f)["submission"]
-    return [
+    submissions = [
         Submission(
             student=e["student"],
             assignment=e["assignment"],
@@ -82,19 +133,42 @@ def load_submissions() -> list[Submission]:
             loses=e["loses"],
             patches=e["patch"],
             warns_in=e.get("warns_in", []),
+            graded_by=e.get("graded_by", "check"),
+            huge_output_in=e.get("huge_output_in", []),
+        )
+        for e in entries
+    ]
+    assert all(s.graded_by in ("check", "nbgrader") for s in submissions), "graded_by: 'check' or 'nbgrader'"
+    return submissions
+
+
+def load_alternatives() -> list[Alternative]:
+    """The alternative correct answers described in tests/fixtures/alternatives.toml."""
+    with ALTERNATIVES.open("rb") as f:
+        entries = tomllib.load(f)["alternative"]
+    return [
+        Alternative(
+            name=e["name"],
+            assignment=e["assignment"],
+            description=" ".join(e["description"].split()),
+            patches=e["patch"],
         )
         for e in entries
     ]
 
 
 SUBMISSIONS = load_submissions()
+ALTERNATIVE_ANSWERS = load_alternatives()
 
 
 def nbgrader(course: Path, *args: str) -> subprocess.CompletedProcess:
     """Run the `nbgrader` on PATH in ``course``; fail with its output if it fails."""
     exe = shutil.which("nbgrader")
     assert exe, "no `nbgrader` on PATH: run the tests with `make test` (it puts .venv/bin first on PATH)"
-    done = subprocess.run([exe, *args], cwd=course, capture_output=True, text=True, timeout=COMMAND_LIMIT)
+    env = {**os.environ, **KERNEL_ENV}  # the kernels it starts inherit this
+    done = subprocess.run(
+        [exe, *args], cwd=course, env=env, capture_output=True, text=True, timeout=COMMAND_LIMIT
+    )
     assert done.returncode == 0, (
         f"nbgrader {' '.join(args)} failed ({done.returncode}):\n{done.stderr[-4000:]}"
     )
@@ -118,23 +192,26 @@ class GradedCourse:
     students: list[str]
     scores: dict[str, dict[str, tuple[float, float]]]  # student -> test grade_id -> (score, max)
     log: str
+    manual: dict[str, set[str]] = field(default_factory=dict)  # student -> cells flagged for manual grading
 
     def notebook(self, folder: str, student: str) -> Path:
         return self.course / folder / student / self.assignment / f"{self.assignment}.ipynb"
 
 
-def read_scores(
+def read_grades(
     course: Path, assignment: str, students: list[str]
-) -> dict[str, dict[str, tuple[float, float]]]:
-    """Per-student, per-test-cell scores from the course's gradebook."""
+) -> dict[str, dict[str, tuple[float, float, bool]]]:
+    """Per-student, per-test-cell (score, max score, needs manual grading) from the course's gradebook."""
     from nbgrader.api import Gradebook
 
-    scores = {}
+    grades = {}
     with Gradebook(f"sqlite:///{course / 'gradebook.db'}", course_id=COURSE_ID) as gb:
         for student in students:
             nb = gb.find_submission_notebook(assignment, assignment, student)
-            scores[student] = {g.name: (float(g.score), float(g.max_score)) for g in nb.grades}
-    return scores
+            grades[student] = {
+                g.name: (float(g.score), float(g.max_score), bool(g.needs_manual_grade)) for g in nb.grades
+            }
+    return grades
 
 
 def submit(course: Path, assignment: str) -> list[str]:
@@ -143,7 +220,11 @@ def submit(course: Path, assignment: str) -> list[str]:
     release = read_notebook(course / "exercises" / assignment / name)
     reference = fill_answers(release, read_notebook(course / "solutions" / assignment / name))
     notebooks = {REFERENCE: reference, UNTOUCHED: release}
-    notebooks |= {s.student: s.build(reference) for s in SUBMISSIONS if s.assignment == assignment}
+    notebooks |= {
+        s.student: s.build(reference)
+        for s in SUBMISSIONS
+        if s.assignment == assignment and s.graded_by == "nbgrader"
+    }
     for student, nb in notebooks.items():
         folder = course / "submitted" / student / assignment
         folder.mkdir(parents=True)
@@ -161,22 +242,262 @@ def grade_course(course: Path, assignments: list[str]) -> list[GradedCourse]:
     students = {assignment: submit(course, assignment) for assignment in assignments}
     for step in (["autograde", "*"], ["generate_feedback", "*"], ["export", "--to", "grades.csv"]):
         log.append(nbgrader(course, *step).stderr)
-    return [
-        GradedCourse(course, a, students[a], read_scores(course, a, students[a]), "\n".join(log))
-        for a in assignments
-    ]
+    runs = []
+    for a in assignments:
+        grades = read_grades(course, a, students[a])
+        scores = {student: {g: (s, m) for g, (s, m, _) in cells.items()} for student, cells in grades.items()}
+        manual = {
+            student: {g for g, (_, _, flag) in cells.items() if flag} for student, cells in grades.items()
+        }
+        runs.append(GradedCourse(course, a, students[a], scores, "\n".join(log), manual))
+    return runs
 
 
 @pytest.fixture(scope="module")
-def graded(tmp_path_factory) -> dict[str, GradedCourse]:
-    """Every assignment graded: two course directories (one gradebook each) graded at the same time."""
+def grading_runs(tmp_path_factory) -> tuple[dict[str, GradedCourse], dict[str, MatrixResult]]:
+    """The nbgrader cycle and the fixture matrix, run side by side.
+
+    The cycle grades the assignments in two course directories (one gradebook each) at the same time;
+    the matrix notebooks run alongside, slow assignments first, on a third worker and on the second
+    one once its course is graded. Three workers on two cores fill the time the cycle waits (nbgrader
+    starting, the runaway cell idling to the time limit); every kernel uses one OpenMP thread.
+    """
     base = tmp_path_factory.mktemp("grading")
-    groups = [
-        ASSIGNMENTS[i::2] for i in range(2)
-    ]  # one nbgrader run per group and step, two groups in parallel
-    with ThreadPoolExecutor(max_workers=len(groups)) as pool:
-        futures = [pool.submit(grade_course, base / f"course{i}", group) for i, group in enumerate(groups)]
-        return {run.assignment: run for future in futures for run in future.result()}
+    groups = [ASSIGNMENTS[i::2] for i in range(2)]  # one nbgrader run per group and step
+    order = sorted(MATRIX, key=lambda r: -ASSIGNMENTS.index(r.assignment))
+    with ThreadPoolExecutor(max_workers=len(groups) + 1) as pool:
+        courses = [pool.submit(grade_course, base / f"course{i}", group) for i, group in enumerate(groups)]
+        runs = [pool.submit(run_matrix_notebook, base / f"matrix{i}", run) for i, run in enumerate(order)]
+        graded = {course.assignment: course for future in courses for course in future.result()}
+        matrix = {result.run.name: result for result in (future.result() for future in runs)}
+    return graded, matrix
+
+
+@pytest.fixture(scope="module")
+def graded(grading_runs) -> dict[str, GradedCourse]:
+    """Every assignment through the nbgrader cycle, by assignment."""
+    return grading_runs[0]
+
+
+@pytest.fixture(scope="module")
+def matrix(grading_runs) -> dict[str, MatrixResult]:
+    """Every notebook of the fixture matrix, by run name."""
+    return grading_runs[1]
+
+
+# ---------------------------------------------------------------- the fixture matrix
+
+
+def graded_reference(assignment: str) -> nbformat.NotebookNode:
+    """The notebook autograde runs for the reference answers: the source, hidden tests included."""
+    nb = read_notebook(ROOT / "solutions" / assignment / f"{assignment}.ipynb")
+    for cell in nb.cells:
+        if cell.metadata.get("nbgrader", {}).get("solution"):
+            cell.source = strip_solution_markers(cell.source)
+    return nb
+
+
+def cells_of(assignment: str) -> tuple[dict[str, list[str]], dict[str, float]]:
+    """(answer cell -> the test cells that follow it, test cell -> points) of ``assignment``."""
+    nb = read_notebook(ROOT / "solutions" / assignment / f"{assignment}.ipynb")
+    answers, points, current = {}, {}, None
+    for cell in nb.cells:
+        meta = cell.metadata.get("nbgrader", {})
+        if meta.get("solution"):
+            current = meta["grade_id"]
+            answers[current] = []
+        elif meta.get("grade") and meta.get("points"):
+            points[meta["grade_id"]] = float(meta["points"])
+            if current is not None:
+                answers[current].append(meta["grade_id"])
+    return answers, points
+
+
+@dataclass
+class MatrixRun:
+    """One notebook of the fixture matrix: a wrong submission (or none) and the alternatives riding along."""
+
+    assignment: str
+    submission: Submission | None
+    alternatives: list[Alternative] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        names = [self.submission.student] if self.submission else []
+        return "+".join(names + [a.name for a in self.alternatives])
+
+    @property
+    def loses(self) -> set[str]:
+        return set(self.submission.loses) if self.submission else set()
+
+    @property
+    def cells(self) -> set[str]:
+        cells = set(self.submission.cells) if self.submission else set()
+        return cells.union(*(a.cells for a in self.alternatives))
+
+    def build(self) -> nbformat.NotebookNode:
+        nb = graded_reference(self.assignment)
+        for part in [self.submission, *self.alternatives]:
+            if part is not None:
+                nb = part.build(nb)
+        return nb
+
+
+def plan_matrix() -> list[MatrixRun]:
+    """The notebooks of the matrix: each wrong submission, with alternatives packed in where they are safe.
+
+    An alternative joins a notebook that patches none of its cells and whose expected losses include
+    none of its cells' tests (so a mistake cannot hide a failing alternative, nor an alternative a
+    mistake); the others share notebooks of alternatives only.
+    """
+    runs = []
+    for assignment in ASSIGNMENTS:
+        answers, _ = cells_of(assignment)
+        mine = [MatrixRun(assignment, s) for s in SUBMISSIONS if s.assignment == assignment]
+        mine = [r for r in mine if r.submission.graded_by == "check"]
+        for alternative in (a for a in ALTERNATIVE_ANSWERS if a.assignment == assignment):
+            tests = {t for cell in alternative.cells for t in answers.get(cell, [])}
+            host = next(
+                (r for r in mine if not r.cells & alternative.cells and not r.loses & tests),
+                None,
+            )
+            if host is None:
+                host = MatrixRun(assignment, None)
+                mine.append(host)
+            host.alternatives.append(alternative)
+        runs += mine
+    return runs
+
+
+MATRIX = plan_matrix()
+
+
+@dataclass
+class MatrixResult:
+    run: MatrixRun
+    scores: dict[str, tuple[float, float]]  # test grade_id -> (score, max)
+    errors: dict[str, str]  # test grade_id -> the error of a failed test
+    seconds: float
+
+
+def run_matrix_notebook(folder: Path, run: MatrixRun) -> MatrixResult:
+    folder.mkdir(parents=True)
+    path = folder / f"{run.assignment}.ipynb"
+    nbformat.write(run.build(), path)
+    report = check_notebook(path, env=KERNEL_ENV)
+    scores = {t.grade_id: (t.points, t.max_points) for t in report.tests}
+    errors = {t.grade_id: t.error or "" for t in report.tests if not t.passed}
+    return MatrixResult(run, scores, errors, report.seconds)
+
+
+def measured_scores(graded, matrix, assignment: str, owner: Submission | Alternative) -> dict:
+    """The per-test scores of the notebook that holds ``owner`` (nbgrader cycle or matrix)."""
+    if isinstance(owner, Submission) and owner.graded_by == "nbgrader":
+        return graded[assignment].scores[owner.student]
+    (run,) = [r for r in MATRIX if owner is r.submission or owner in r.alternatives]
+    return matrix[run.name].scores
+
+
+def test_matrix_notebooks_score_exactly_as_expected(matrix):
+    """Every matrix notebook loses exactly the points of its wrong answers; the alternatives lose none."""
+    problems = []
+    for result in matrix.values():
+        run = result.run
+        expected = {cell: (0.0 if cell in run.loses else m, m) for cell, (_, m) in result.scores.items()}
+        wrong = {
+            cell: f"scored {result.scores[cell][0]:g}, expected {expected[cell][0]:g}"
+            + (f" ({result.errors[cell]})" if cell in result.errors else "")
+            for cell in result.scores
+            if result.scores[cell] != expected[cell]
+        }
+        if wrong:
+            parts = [f"{run.submission.student}: {run.submission.description}"] if run.submission else []
+            parts += [f"{a.name} (alternative): {a.description}" for a in run.alternatives]
+            problems.append(f"{run.assignment} [{run.name}]: {wrong}\n    " + "\n    ".join(parts))
+    assert not problems, "\n".join(problems)
+
+
+def test_alternatives_are_written_differently():
+    """An alternative's cells differ from the reference's in their syntax tree, not just in comments."""
+    for alternative in ALTERNATIVE_ANSWERS:
+        reference = cells_by_id(graded_reference(alternative.assignment))
+        mine = cells_by_id(alternative.build(graded_reference(alternative.assignment)))
+        answers, _ = cells_of(alternative.assignment)
+        for cell in alternative.cells:
+            assert cell in answers, (
+                f"{ALTERNATIVES.name}: {alternative.name} patches {cell!r}, not an answer cell"
+            )
+            assert ast.dump(ast.parse(mine[cell].source)) != ast.dump(ast.parse(reference[cell].source)), (
+                f"{ALTERNATIVES.name}: {alternative.name}: cell {cell!r} is the reference answer re-spaced"
+            )
+
+
+def coverage_table(graded, matrix) -> tuple[list[str], list[str]]:
+    """The coverage of the tests by the fixtures, measured: (table lines, problems)."""
+    lines, problems = [], []
+    for assignment in ASSIGNMENTS:
+        answers, points = cells_of(assignment)
+        submissions = [s for s in SUBMISSIONS if s.assignment == assignment]
+        alternatives = [a for a in ALTERNATIVE_ANSWERS if a.assignment == assignment]
+        measured = {s.student: measured_scores(graded, matrix, assignment, s) for s in submissions}
+        measured |= {a.name: measured_scores(graded, matrix, assignment, a) for a in alternatives}
+        # Every graded notebook with the tests it may fail: the reference, the nbgrader submissions and
+        # the matrix notebooks (a wrong submission with the alternatives riding along, or alternatives).
+        notebooks = [(REFERENCE, graded[assignment].scores[REFERENCE], set())]
+        notebooks += [
+            (s.student, measured[s.student], set(s.loses)) for s in submissions if s.graded_by == "nbgrader"
+        ]
+        notebooks += [
+            (name, result.scores, result.run.loses)
+            for name, result in matrix.items()
+            if result.run.assignment == assignment
+        ]
+        lines.append(f"{assignment} ({sum(points.values()):g} points)")
+        for answer, tests in answers.items():
+            good = [
+                a.name
+                for a in alternatives
+                if answer in a.cells and all(measured[a.name][t][0] == points[t] for t in tests)
+            ]
+            lines.append(f"  answer {answer:<28} alternatives: {', '.join(good) or '-- NONE --'}")
+            if not good:
+                problems.append(
+                    f"{assignment}: answer cell {answer!r} has no alternative that earns full marks"
+                )
+            for test in tests:
+                failed_by = [
+                    s.student for s in submissions if test in s.loses and measured[s.student][test][0] == 0
+                ]
+                unexpected = [
+                    name
+                    for name, scores, loses in notebooks
+                    if test not in loses and scores[test][0] != points[test]
+                ]
+                lines.append(
+                    f"    test {test:<36} {points[test]:>2g} pt  failed by: {', '.join(failed_by) or '-- NONE --'}"
+                    + (f"  (also by {', '.join(unexpected)}: NOT EXPECTED)" if unexpected else "")
+                )
+                if not failed_by:
+                    problems.append(f"{assignment}: test cell {test!r} is failed by no wrong answer")
+                if unexpected:
+                    problems.append(
+                        f"{assignment}: test cell {test!r} lost points it should not in {unexpected}"
+                    )
+    return lines, problems
+
+
+def test_every_test_fails_a_wrong_answer_and_every_answer_has_an_alternative(graded, matrix, capsys):
+    """Coverage of the tests, measured: every test cell is failed by at least one wrong answer and passed
+    by every other fixture; every answer cell has an alternative correct answer earning full marks."""
+    lines, problems = coverage_table(graded, matrix)
+    with capsys.disabled():
+        print("\n\nCoverage of the tests by tests/fixtures/ (measured):\n" + "\n".join(lines))
+        seconds = sum(r.seconds for r in matrix.values())
+        print(f"fixture matrix: {len(matrix)} notebooks, {seconds:.0f} s of notebook time\n")
+    assert not problems, "\n".join(problems)
+
+
+# ---------------------------------------------------------------- the nbgrader cycle
 
 
 def test_four_assignments_named_like_the_lessons():
@@ -214,8 +535,11 @@ def test_untouched_release_earns_zero(graded, assignment):
 
 
 @pytest.mark.parametrize("submission", SUBMISSIONS, ids=lambda s: f"{s.assignment}-{s.student}")
-def test_submission_loses_exactly_the_points_of_its_failing_tests(graded, submission):
-    scores = graded[submission.assignment].scores[submission.student]
+def test_submission_loses_exactly_the_points_of_its_failing_tests(request, submission):
+    """Graded by nbgrader or in the fixture matrix, a submission loses exactly its failing tests' points."""
+    graded = request.getfixturevalue("graded")
+    matrix = request.getfixturevalue("matrix") if submission.graded_by == "check" else None
+    scores = measured_scores(graded, matrix, submission.assignment, submission)
     unknown = set(submission.loses) - set(scores)
     assert not unknown, f"{FIXTURES.name}: {submission.student}: no test cells {sorted(unknown)}"
     expected = {cell: (0.0 if cell in submission.loses else m, m) for cell, (_, m) in scores.items()}
@@ -225,6 +549,35 @@ def test_submission_loses_exactly_the_points_of_its_failing_tests(graded, submis
         if scores[cell] != expected[cell]
     }
     assert not wrong, f"{submission.student} ({submission.description}): {wrong}"
+
+
+@pytest.mark.parametrize("alternative", ALTERNATIVE_ANSWERS, ids=lambda a: f"{a.assignment}-{a.name}")
+def test_alternative_answer_earns_full_marks(graded, matrix, alternative):
+    scores = measured_scores(graded, matrix, alternative.assignment, alternative)
+    answers, _ = cells_of(alternative.assignment)
+    (run,) = [r for r in MATRIX if alternative in r.alternatives]
+    lost = {
+        t: matrix[run.name].errors.get(t, "")
+        for cell in alternative.cells
+        for t in answers[cell]
+        if scores[t][0] != scores[t][1]
+    }
+    assert not lost, (
+        f"{alternative.name} ({alternative.description}) lost points in {lost} (notebook {run.name})"
+    )
+
+
+def test_point_totals_are_the_ones_the_instructor_guide_states():
+    section = instructor_section()
+    for assignment in ASSIGNMENTS:
+        _, points = cells_of(assignment)
+        total = POINT_TOTALS[assignment]
+        assert sum(points.values()) == total, f"{assignment}: {sum(points.values()):g} points, not {total}"
+        row = rf"\|\s*`{assignment}`\s*\|\s*{total}\s*\|\s*{len(points)}\s*\|"
+        assert re.search(row, section), (
+            f"the README's instructor section should state {total} points in {len(points)} test cells "
+            f"for {assignment}"
+        )
 
 
 def test_runaway_cell_is_interrupted_and_grading_goes_on(graded):
@@ -252,6 +605,82 @@ def test_edited_test_cell_is_graded_with_the_original(graded):
     assert graded_cells["test_pick_device"].source == source["test_pick_device"].source
     assert "BEGIN HIDDEN TESTS" in graded_cells["test_pick_device"].source, "hidden tests should be restored"
     assert run.scores["runaway_and_edited_test"]["test_pick_device"][0] == 0
+
+
+def test_deleted_test_cells_are_restored_and_graded(graded):
+    """With OverwriteCells.add_missing_cells, deleted test cells come back, hidden tests included, and
+    are graded like the others: no zero for a right answer, no manual grading."""
+    (submission,) = [s for s in SUBMISSIONS if any(p.get("delete") for p in s.patches)]
+    run = graded[submission.assignment]
+    deleted = [p["cell"] for p in submission.patches if p.get("delete")]
+    submitted = cells_by_id(read_notebook(run.notebook("submitted", submission.student)))
+    autograded = cells_by_id(read_notebook(run.notebook("autograded", submission.student)))
+    source = cells_by_id(graded_reference(submission.assignment))
+    scores = run.scores[submission.student]
+    for gid in deleted:
+        assert gid not in submitted, "the submission should lack the deleted cell"
+        assert gid in autograded, f"the deleted test cell {gid} was not restored"
+        assert autograded[gid].source.endswith(source[gid].source), f"{gid} was not restored as it was"
+        assert "BEGIN HIDDEN TESTS" in autograded[gid].source, f"{gid}: hidden tests should be restored"
+        assert "missing from the submission" in autograded[gid].source, "the restored cell should say so"
+        expected = 0.0 if gid in submission.loses else scores[gid][1]
+        assert scores[gid][0] == expected, f"{gid} scored {scores[gid][0]:g}, expected {expected:g}"
+    assert not run.manual[submission.student], (
+        f"cells flagged for manual grading: {run.manual[submission.student]}"
+    )
+
+
+def test_long_output_lines_are_cut_in_the_autograded_notebook_and_the_feedback(graded):
+    """LimitOutputSize (course_lib.tooling.grading) bounds a cell's output: a 5 MB line does not reach the graded
+    notebook or the feedback whole, and the cell keeps its grade."""
+    (submission,) = [s for s in SUBMISSIONS if s.huge_output_in]
+    run = graded[submission.assignment]
+    path = run.notebook("autograded", submission.student)
+    cells = cells_by_id(read_notebook(path))
+    for gid in submission.huge_output_in:
+        text = "".join(o.get("text", "") for o in cells[gid].outputs)
+        assert "output truncated by the autograder" in text, f"{gid}: no truncation note in {text[:200]!r}"
+        size = sum(len(str(o)) for o in cells[gid].outputs)
+        assert size < OUTPUT_CHAR_LIMIT + 1000, f"{gid} kept {size:,} characters of output"
+    reference = run.notebook("autograded", REFERENCE)
+    assert path.stat().st_size < reference.stat().st_size + 5 * OUTPUT_CHAR_LIMIT, (
+        f"the autograded notebook is {path.stat().st_size:,} bytes"
+    )
+    feedback = run.course / "feedback" / submission.student / run.assignment / f"{run.assignment}.html"
+    reference_feedback = run.course / "feedback" / REFERENCE / run.assignment / f"{run.assignment}.html"
+    assert feedback.stat().st_size < reference_feedback.stat().st_size + 5 * OUTPUT_CHAR_LIMIT, (
+        f"the feedback page is {feedback.stat().st_size:,} bytes"
+    )
+    assert "output truncated by the autograder" in feedback.read_text(encoding="utf-8")
+
+
+def test_output_size_limit_keeps_the_grade_and_says_what_it_cut():
+    """LimitOutputSize alone: cuts every kind of output to the budget, never drops one, marks each cut."""
+    from nbgrader.utils import determine_grade
+
+    big = "z" * 50_000
+    cell = nbformat.v4.new_code_cell("print(...)")
+    cell.metadata["nbgrader"] = {"grade": True, "solution": False, "grade_id": "t", "points": 1}
+    cell.outputs = [
+        nbformat.v4.new_output("display_data", data={"text/html": big, "text/plain": "a table"}),
+        nbformat.v4.new_output("stream", name="stdout", text=big),
+        nbformat.v4.new_output("stream", name="stderr", text=big),
+        nbformat.v4.new_output("error", ename="AssertionError", evalue=big, traceback=[big, big]),
+    ]
+    nb = nbformat.v4.new_notebook(cells=[cell])
+    limiter = LimitOutputSize(max_chars=1000)
+    cut, _ = limiter.preprocess(nb, {})
+    outputs = cut.cells[0].outputs
+    assert [o.output_type for o in outputs] == ["display_data", "stream", "stream", "error"]
+    assert outputs[0].data == {"text/plain": "a table"}, "an HTML page cut in half would break the feedback"
+    assert outputs[1].text.startswith("z" * 993) and "50,000 characters, the first 993" in outputs[1].text
+    assert outputs[2].name == "stderr" and "truncated" in outputs[2].text, "a write to stderr stays one"
+    assert len(str(outputs)) < 1000 + 6 * len(NOTE) + 600
+    assert determine_grade(cut.cells[0])[0] == 0, "an error still scores zero"
+    small = nbformat.v4.new_code_cell("1")
+    small.outputs = [nbformat.v4.new_output("stream", name="stdout", text="fine\n")]
+    kept, _ = LimitOutputSize(max_chars=1000).preprocess(nbformat.v4.new_notebook(cells=[small]), {})
+    assert kept.cells[0].outputs[0].text == "fine\n"
 
 
 def test_hidden_tests_run_at_autograde_time(graded):

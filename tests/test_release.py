@@ -12,7 +12,13 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_lib.release import check_release, fill_answers, find_assignments, main, strip_solution_markers
+from course_lib.tooling.release import (
+    check_release,
+    fill_answers,
+    find_assignments,
+    main,
+    strip_solution_markers,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 ASSIGNMENTS = find_assignments(ROOT)
@@ -20,7 +26,7 @@ ASSIGNMENTS = find_assignments(ROOT)
 
 def release(*args: str, root: Path = ROOT) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "course_lib.release", "--root", str(root), *args],
+        [sys.executable, "-m", "course_lib.tooling.release", "--root", str(root), *args],
         capture_output=True,
         text=True,
         timeout=300,
@@ -164,4 +170,6 @@ def test_fill_answers_rejects_a_foreign_notebook():
 
 def test_make_release_runs_this_module():
     done = subprocess.run(["make", "-n", "release"], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0 and "python -m course_lib.release" in done.stdout, done.stdout + done.stderr
+    assert done.returncode == 0 and "python -m course_lib.tooling.release" in done.stdout, (
+        done.stdout + done.stderr
+    )

@@ -70,3 +70,23 @@ def test_stale_reason_detects_edited_code():
     assert nbtools.stale_reason(nb) is None
     nb.cells[0].source = "x = 2"
     assert "changed" in nbtools.stale_reason(nb)
+
+
+# stderr a lesson shows on purpose, explained in the markdown next to it.
+EXPLAINED_STDERR = {
+    "01_device_placement.ipynb": [r"LOAD REPORT"],  # from_pretrained: unused MLM head, new classifier
+}
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.name)
+def test_lessons_show_no_unexplained_stderr_and_no_errors(path):
+    nb = nbformat.read(path, as_version=4)
+    allowed = EXPLAINED_STDERR.get(path.name, [])
+    for i, cell in enumerate(nb.cells):
+        for out in cell.get("outputs", []):
+            assert out.output_type != "error", f"{path.name} cell {i} ends in {out.ename}: {out.evalue}"
+            if out.output_type == "stream" and out.name == "stderr":
+                assert any(re.search(p, out.text) for p in allowed), (
+                    f"{path.name} cell {i} writes to stderr: {out.text[:200]!r}. Silence it at its "
+                    "source, or explain it next to the cell and list it in EXPLAINED_STDERR."
+                )

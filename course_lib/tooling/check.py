@@ -1,6 +1,6 @@
 """The learner's self-check: run an exercise notebook in a temporary copy and show its test results.
 
-    python -m course_lib.check exercises/01_device_placement/01_device_placement.ipynb
+    python -m course_lib.tooling.check exercises/01_device_placement/01_device_placement.ipynb
     make check NB=exercises/01_device_placement/01_device_placement.ipynb
     course-check exercises/01_device_placement/01_device_placement.ipynb
 
@@ -131,8 +131,13 @@ def _drop_ignored_stderr(cell) -> None:
     ]
 
 
-def execute_copy(path: Path, timeout: int = CELL_TIMEOUT):
-    """Run a copy of ``path`` in a temporary folder (a fresh kernel); return the executed notebook."""
+def execute_copy(path: Path, timeout: int = CELL_TIMEOUT, env: dict[str, str] | None = None):
+    """Run a copy of ``path`` in a temporary folder (a fresh kernel); return the executed notebook.
+
+    The kernel gets this process's environment with ``NBGRADER_EXECUTION`` set, as nbgrader does, and
+    ``env`` on top (e.g. ``{"OMP_NUM_THREADS": "1"}`` when several notebooks run at once). This
+    process's own environment is left alone, so several copies may run at once from threads.
+    """
     import nbformat
     from jupyter_client.kernelspec import NoSuchKernel
     from nbclient import NotebookClient
@@ -157,12 +162,12 @@ def execute_copy(path: Path, timeout: int = CELL_TIMEOUT):
             on_cell_executed=record_timeout,
             resources={"metadata": {"path": tmp}},
         )
-        previous = os.environ.get("NBGRADER_EXECUTION")
-        os.environ["NBGRADER_EXECUTION"] = "validate"  # what nbgrader sets when it runs a notebook
+        # NBGRADER_EXECUTION: what nbgrader sets when it runs a notebook.
+        kernel_env = {**os.environ, "NBGRADER_EXECUTION": "validate", **(env or {})}
         kernel_log = Path(tmp) / "kernel.log"  # the kernel's own start-up chatter, shown only if it dies
         try:
             with kernel_log.open("w") as log:
-                client.execute(stderr=log)
+                client.execute(stderr=log, env=kernel_env)
         except NoSuchKernel as err:
             raise RuntimeError(
                 f"No Jupyter kernel named {kernel!r} here ({err}). Run the check inside the course's "
@@ -171,23 +176,21 @@ def execute_copy(path: Path, timeout: int = CELL_TIMEOUT):
         except Exception:
             print(kernel_log.read_text(errors="replace")[-3000:], file=sys.stderr)
             raise
-        finally:
-            if previous is None:
-                os.environ.pop("NBGRADER_EXECUTION", None)
-            else:
-                os.environ["NBGRADER_EXECUTION"] = previous
     return nb
 
 
-def check_notebook(path: str | Path, timeout: int = CELL_TIMEOUT) -> CheckReport:
-    """Run ``path`` in a temporary copy and score its test cells as the autograder does."""
+def check_notebook(
+    path: str | Path, timeout: int = CELL_TIMEOUT, env: dict[str, str] | None = None
+) -> CheckReport:
+    """Run ``path`` in a temporary copy and score its test cells as the autograder does (``env``: see
+    ``execute_copy``)."""
     from nbgrader.utils import determine_grade
 
     path = Path(path)
     original = load_exercise(path)
     report = CheckReport(notebook=path, modified_cells=modified_locked_cells(original))
     start = time.perf_counter()
-    nb = execute_copy(path, timeout)
+    nb = execute_copy(path, timeout, env)
     report.seconds = time.perf_counter() - start
     for cell in nb.cells:
         meta = _nbgrader_meta(cell)
@@ -242,7 +245,7 @@ def format_report(report: CheckReport) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m course_lib.check",
+        prog="python -m course_lib.tooling.check",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
