@@ -41,6 +41,7 @@ def test_explorer_updates_when_the_learner_types_or_picks_a_scale():
     explorer = widgets.precision_explorer("1e-8")
     (number, scale), out = explorer.children[0].children, explorer.children[1]
     assert "UNDERFLOW" in out.value and "<pre" in out.value
+    assert number.continuous_update  # follows each keystroke: no Enter needed (tests/browser types)
     scale.value = 2.0**16
     assert "UNDERFLOW" not in out.value and "65536" in out.value
     number.value = "70000"
