@@ -42,7 +42,7 @@ def test_lesson_03_runs_clean_and_its_explorer_responds(page, lab):
 @pytest.mark.skipif(
     tier_mode() != "full",
     reason="lesson 01 in the browser (two fine-tuning runs, minutes on 2 cores) runs with "
-    "COURSE_BROWSER_TESTS=full, as in CI",
+    "COURSE_BROWSER_TESTS=full",
 )
 def test_lesson_01_trains_with_progress_bar_widgets(page, lab):
     problems = run_lesson(page, lab, "01_device_placement", timeout_s=420)
