@@ -20,6 +20,7 @@ import torch
 from course_lib.devices import seed_everything
 
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
+NESTED = "/"  # joins a nested state entry's keys in an optimizer file (bitsandbytes' quantisation state)
 
 
 def checkpoint_dir(output_dir: str | Path, step: int) -> Path:
@@ -60,14 +61,36 @@ def find_resume_checkpoint(resume: str | None, output_dir: str | Path) -> Path |
     return path
 
 
+def _cpu_state(optimizer: torch.optim.Optimizer) -> dict:
+    """``optimizer.state_dict()`` with its tensors on the CPU (to gather it from another rank)."""
+    state = optimizer.state_dict()
+    return {
+        "state": {
+            i: {k: v.detach().cpu() if torch.is_tensor(v) else v for k, v in values.items()}
+            for i, values in state["state"].items()
+        },
+        "param_groups": state["param_groups"],
+    }
+
+
 def save_optimizer(optimizer: torch.optim.Optimizer, path: Path) -> None:
     """The optimizer's state as safetensors: tensors as such, the param groups as JSON metadata."""
+    save_optimizer_state(optimizer.state_dict(), path)
+
+
+def save_optimizer_state(state: dict, path: Path) -> None:
+    """An optimizer ``state_dict`` as safetensors (see ``save_optimizer``)."""
     from safetensors.torch import save_file
 
-    state = optimizer.state_dict()
     tensors, other = {}, {}
     for index, values in state["state"].items():
-        for key, value in values.items():
+        # One level of nesting: bitsandbytes keeps its 8-bit quantisation state in a dict per parameter.
+        flat = {
+            f"{key}{NESTED}{sub}" if isinstance(value, dict) else key: v
+            for key, value in values.items()
+            for sub, v in (value.items() if isinstance(value, dict) else [(None, value)])
+        }
+        for key, value in flat.items():
             if torch.is_tensor(value):
                 tensors[f"state.{index}.{key}"] = value.detach().cpu().contiguous()
             else:
@@ -81,14 +104,22 @@ def load_optimizer(optimizer: torch.optim.Optimizer, path: Path) -> None:
     from safetensors import safe_open
 
     state: dict[int, dict[str, Any]] = {}
+
+    def put(index: str, key: str, value) -> None:
+        values = state.setdefault(int(index), {})
+        if NESTED in key:
+            key, sub = key.split(NESTED, 1)
+            values.setdefault(key, {})[sub] = value
+        else:
+            values[key] = value
+
     with safe_open(str(path), framework="pt") as f:
         metadata = f.metadata()
         for name in f.keys():
             _, index, key = name.split(".", 2)
-            state.setdefault(int(index), {})[key] = f.get_tensor(name)
+            put(index, key, f.get_tensor(name))
     for name, value in json.loads(metadata["other"]).items():
-        index, key = name.split(".", 1)
-        state.setdefault(int(index), {})[key] = value
+        put(*name.split(".", 1), value)
     optimizer.load_state_dict({"state": state, "param_groups": json.loads(metadata["param_groups"])})
 
 
@@ -112,20 +143,34 @@ def _write_atomically(final: Path, write) -> None:
 
 
 def save_checkpoint(
-    output_dir: str | Path, step: int, model, optimizer, accelerator, config: dict, keep: int = 2
+    output_dir: str | Path,
+    step: int,
+    model,
+    optimizer,
+    accelerator,
+    config: dict,
+    keep: int = 2,
+    per_rank_optimizer: bool = False,
 ) -> Path:
     """Model, optimizer, scaler, step, every rank's RNG state and the run's ``config``; the newest
-    ``keep`` checkpoints are kept. Written by the main process only; every rank must call it."""
+    ``keep`` checkpoints are kept. Written by the main process only; every rank must call it.
+
+    ``per_rank_optimizer``: each rank's optimizer state is saved too (``optimizer-rank<r>``), for runs
+    whose ranks keep different states (local SGD); DDP ranks hold identical states, saved once.
+    """
     from accelerate.utils import gather_object
     from safetensors.torch import save_file, save_model
 
     rngs = gather_object([rng_state(accelerator.device)])  # collective: every rank calls it
+    states = gather_object([_cpu_state(optimizer)]) if per_rank_optimizer else []  # collective
     final = checkpoint_dir(output_dir, step)
     if accelerator.is_main_process:
 
         def write(folder: Path) -> None:
             save_model(model, str(folder / "model.safetensors"))
             save_optimizer(optimizer, folder / "optimizer.safetensors")
+            for rank, state in enumerate(states):
+                save_optimizer_state(state, folder / f"optimizer-rank{rank}.safetensors")
             save_file(
                 {f"rank{r}.{k}": v.cpu() for r, state in enumerate(rngs) for k, v in state.items()},
                 str(folder / "rng.safetensors"),
@@ -153,7 +198,9 @@ def load_checkpoint(path: Path, model, optimizer, accelerator) -> int:
 
     state = json.loads((path / "state.json").read_text())
     load_model(model, str(path / "model.safetensors"), device="cpu")
-    load_optimizer(optimizer, path / "optimizer.safetensors")
+    own = path / f"optimizer-rank{accelerator.process_index}.safetensors"
+    same_world = state["world_size"] == accelerator.num_processes
+    load_optimizer(optimizer, own if same_world and own.is_file() else path / "optimizer.safetensors")
     if accelerator.scaler is not None and state.get("scaler"):
         accelerator.scaler.load_state_dict(state["scaler"])
     if state["world_size"] == accelerator.num_processes:

@@ -10,7 +10,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "course_lib"
 MAX_LINES = 400
-TECHNIQUES = ("amp", "accelerator", "accum", "ddp", "clip", "resume")
+TECHNIQUES = ("amp", "accelerator", "accum", "ddp", "clip", "resume", "optim", "checkpointing", "local_sgd")
 
 
 def module_name(path: Path) -> str:

@@ -9,6 +9,7 @@ import math
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -230,6 +231,17 @@ def test_peak_memory_of_a_training_run_holds_at_least_gradients_and_adamw_state(
     n = sum(p.numel() for p in template.parameters())
     floor = 12 * n / 2**20  # fp32 gradients (4 bytes) + AdamW's two moments (8 bytes) per parameter
     assert floor <= mb < 20 * floor, (mb, floor)
+
+
+def test_state_breakdown_counts_adamw_state_and_what_autocast_saves_for_backward():
+    template = workloads.build_model("tiny", seq_len=32)
+    dataset = workloads.fixed_length_dataset(8, seq_len=32)
+    spec = implementations.RunSpec("no", torch.device("cpu"), 1, 4)
+    n = sum(p.numel() for p in template.parameters())
+    fp32 = harness.state_breakdown(template, dataset, spec)
+    bf16 = harness.state_breakdown(template, dataset, replace(spec, precision="bf16"))
+    assert fp32["optimizer_state_mb"] * 2**20 == 8 * n == bf16["optimizer_state_mb"] * 2**20
+    assert 0 < bf16["saved_for_backward_mb"] < fp32["saved_for_backward_mb"], (bf16, fp32)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -90,6 +90,51 @@ def test_torchrun_two_processes_and_a_killed_run_resumes_to_the_same_parameters(
     for name in a:  # dropout is on: the RNG state was restored too
         torch.testing.assert_close(b[name], a[name], rtol=1e-6, atol=1e-7)
 
+    # The same run with 16-bit gradients on the wire: half the bytes, nearly the same training.
+    hooked = tmp_path / "fp16-hook"
+    proc = _run([*steps, "--output-dir", str(hooked), "--comm-hook", "fp16"], tmp_path, processes=2)
+    _ok(proc)
+    compressed = json.loads((hooked / "metrics.json").read_text())
+    assert compressed["config"]["comm_hook"] == "fp16"
+    assert compressed["losses"] == pytest.approx(metrics["losses"], rel=1e-2)
+    assert compressed["losses"] != metrics["losses"]  # the hook ran: fp16 rounding changed the gradients
+
+
+def _final_params(out: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(out / "final" / "model.safetensors"))
+
+
+def test_one_process_with_8bit_adamw_and_checkpointing_resumes_bit_exactly(tmp_path):
+    full, killed = tmp_path / "full", tmp_path / "killed"
+    args = ["--max-steps", "4", "--save-every", "2", "--optimizer", "adamw8bit", "--gradient-checkpointing"]
+    _ok(_run([*args, "--output-dir", str(full)], tmp_path))
+    assert _run([*args, "--output-dir", str(killed), "--stop-after-steps", "3"], tmp_path).returncode != 0
+    _ok(_run([*args, "--output-dir", str(killed), "--resume"], tmp_path))
+    metrics = json.loads((full / "metrics.json").read_text())
+    assert metrics["config"]["optimizer"] == "adamw8bit" and metrics["config"]["gradient_checkpointing"]
+    a, b = _final_params(full), _final_params(killed)
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], rtol=0, atol=0)
+
+
+def test_torchrun_local_sgd_keeps_rank_states_apart_and_resumes_bit_exactly(tmp_path):
+    """Local SGD on 2 processes: no gradient all-reduce (the ranks' optimizer states differ), the
+    parameters are averaged every 2 steps, and a killed run resumes to the same final parameters."""
+    full, killed = tmp_path / "full", tmp_path / "killed"
+    args = ["--max-steps", "6", "--save-every", "2", "--local-sgd-steps", "2"]
+    _ok(_run([*args, "--output-dir", str(full)], tmp_path, processes=2))
+    checkpoint = full / "checkpoint-000006"
+    rank0 = load_file(str(checkpoint / "optimizer-rank0.safetensors"))
+    rank1 = load_file(str(checkpoint / "optimizer-rank1.safetensors"))
+    assert rank0.keys() == rank1.keys()
+    assert any(not torch.equal(rank0[k], rank1[k]) for k in rank0), "the ranks' gradients were all-reduced"
+
+    assert _run([*args, "--output-dir", str(killed), "--stop-after-steps", "3"], tmp_path, 2).returncode != 0
+    _ok(_run([*args, "--output-dir", str(killed), "--resume"], tmp_path, processes=2))
+    a, b = _final_params(full), _final_params(killed)
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], rtol=0, atol=0)
+
 
 @pytest.mark.parametrize(
     "argv, message",
@@ -99,6 +144,11 @@ def test_torchrun_two_processes_and_a_killed_run_resumes_to_the_same_parameters(
         (["--lr", "-1"], "--lr must be positive"),
         (["--precision", "fp8"], "Unknown precision"),
         (["--dataset", "imagenet"], "invalid choice"),
+        (["--optimizer", "sgd"], "invalid choice"),
+        (["--comm-hook", "int8"], "invalid choice"),
+        (["--local-sgd-steps", "0"], "--local-sgd-steps must be >= 1"),
+        (["--local-sgd-steps", "3", "--save-every", "4"], "not a multiple of --local-sgd-steps"),
+        (["--local-sgd-steps", "2", "--save-every", "4", "--comm-hook", "fp16"], "use one of the two"),
     ],
 )
 def test_bad_flags_exit_2_with_a_message(argv, message, capsys):
@@ -114,6 +164,22 @@ def test_resume_without_a_checkpoint_says_what_to_do(tmp_path):
     with pytest.raises(FileNotFoundError, match="not a checkpoint folder"):
         checkpoints.find_resume_checkpoint(str(tmp_path), "runs/train")
     assert checkpoints.find_resume_checkpoint(None, tmp_path) is None
+
+
+def test_bf16_comm_hook_on_gloo_says_to_use_fp16():
+    from course_lib.training.ddp import register_comm_hook
+
+    class FakeDDP(torch.nn.Linear):
+        def register_comm_hook(self, state, hook):  # a DDP model's method; never reached here
+            raise AssertionError("registered a bf16 hook on gloo")
+
+    torch.distributed.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
+    try:
+        with pytest.raises(ValueError, match="needs the NCCL backend.*--comm-hook fp16"):
+            register_comm_hook(FakeDDP(2, 2), "bf16")
+    finally:
+        torch.distributed.destroy_process_group()
+    register_comm_hook(torch.nn.Linear(2, 2), "bf16")  # not DDP (one process): nothing to compress
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="fp16 is fine on a GPU")

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from course_lib import data, models, training
+from course_lib.instruments import memory
 
 
 @pytest.fixture(scope="module")
@@ -120,9 +121,19 @@ def test_accuracy_f1_against_hand_computed_values():
         training.accuracy_f1(torch.tensor([1, 0]), torch.tensor([1]))
 
 
-@pytest.mark.parametrize("kwargs", [{"grad_accum_steps": 0}, {"lr": 0}, {"epochs": 0}])
-def test_bad_config_is_rejected(kwargs):
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"grad_accum_steps": 0}, "grad_accum_steps"),
+        ({"lr": 0}, "lr must be positive"),
+        ({"epochs": 0}, "nothing to train"),
+        ({"optimizer": "sgd"}, "optimizer must be one of adamw, adafactor, adamw8bit"),
+        ({"comm_hook": "int8"}, "comm_hook must be one of none, fp16, bf16"),
+        ({"local_sgd_steps": 0}, "local_sgd_steps must be >= 1"),
+    ],
+)
+def test_bad_config_is_rejected(kwargs, message):
+    with pytest.raises(ValueError, match=message):
         training.TrainConfig(**kwargs)
 
 
@@ -151,3 +162,93 @@ def test_make_optimizer_uses_the_fused_kernel_and_updates_like_plain_adamw():
     for a, b in zip(fused_model.parameters(), plain_model.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     assert not training.fused_adamw_supported([])
+
+
+def _tiny_run(tokenized, tok, **config):
+    """4 optimizer steps on 16 rows, dropout off: the losses and the model."""
+    train_dl, _ = data.make_dataloaders(tokenized, tok, batch_size=4, train_rows=16)
+    torch.manual_seed(0)
+    model = _no_dropout(models.load_model("embedded"))
+    cfg = training.TrainConfig(lr=1e-3, progress=False, max_grad_norm=None, **config)
+    return training.train(model, train_dl, cfg).losses, model
+
+
+def test_gradient_checkpointing_gives_the_same_training_and_saves_activations(tokenized, tok):
+    """Checkpointing recomputes exactly what it dropped: the same losses, fewer bytes saved for backward."""
+    plain, _ = _tiny_run(tokenized, tok)
+    checkpointed, model = _tiny_run(tokenized, tok, gradient_checkpointing=True)
+    assert model.is_activation_checkpointing
+    torch.testing.assert_close(torch.tensor(checkpointed), torch.tensor(plain), rtol=1e-5, atol=1e-6)
+
+    batch = next(iter(data.make_dataloaders(tokenized, tok, batch_size=4, train_rows=4)[0]))
+    saved = {}
+    for on in (False, True):
+        training.enable_checkpointing(model, on)
+        saved[on] = memory.saved_tensor_bytes(lambda: model(**batch).loss.backward())
+    assert 0 < saved[True] < 0.5 * saved[False], saved
+    with pytest.raises(ValueError, match="does not support gradient checkpointing"):
+        training.enable_checkpointing(torch.nn.Linear(2, 2))
+    assert training.enable_checkpointing(torch.nn.Linear(2, 2), False) is not None  # off: nothing to do
+
+
+@pytest.mark.parametrize("name", ["adafactor", "adamw8bit"])
+def test_other_optimizers_train_and_keep_less_state_than_adamw(tokenized, tok, name):
+    losses, model = _tiny_run(tokenized, tok, optimizer=name)
+    assert all(math.isfinite(x) for x in losses) and len(losses) == 4
+    assert losses[-1] < losses[0]
+
+    layer = torch.nn.Linear(256, 256)  # 65,792 parameters: 8-bit state applies (>= 4,096 elements)
+    n = sum(p.numel() for p in layer.parameters())
+    state = {}
+    for optimizer_name in ("adamw", name):
+        optimizer = training.make_optimizer(layer, lr=1e-3, weight_decay=0.0, name=optimizer_name)
+        assert memory.optimizer_state_bytes(optimizer) == 0  # created lazily
+        layer(torch.randn(4, 256)).sum().backward()
+        optimizer.step()
+        state[optimizer_name] = memory.optimizer_state_bytes(optimizer) / n
+    assert state["adamw"] == 8.0  # two fp32 moments per parameter
+    assert state[name] < 0.3 * state["adamw"], state
+    assert training.TRAINER_OPTIM[name] in {"adafactor", "adamw_bnb_8bit"}
+
+
+def test_local_sgd_and_comm_hooks_do_nothing_in_one_process(tokenized, tok):
+    """With one process there is nothing to average or to send: the run is the plain one."""
+    plain, _ = _tiny_run(tokenized, tok)
+    local, _ = _tiny_run(tokenized, tok, local_sgd_steps=2, comm_hook="fp16")
+    assert local == plain
+    accelerated_plain = _accelerated(tokenized, tok)
+    accelerated_local = _accelerated(tokenized, tok, local_sgd_steps=2, comm_hook="fp16")
+    assert accelerated_local == accelerated_plain
+
+
+def _accelerated(tokenized, tok, **config):
+    train_dl, _ = data.make_dataloaders(tokenized, tok, batch_size=4, train_rows=16)
+    torch.manual_seed(0)
+    model = _no_dropout(models.load_model("embedded"))
+    cfg = training.TrainConfig(lr=1e-3, progress=False, max_grad_norm=None, **config)
+    accelerator = training.fresh_accelerator(cpu=True)
+    return training.train(model, train_dl, cfg, accelerator=accelerator).losses
+
+
+@pytest.mark.parametrize("name", ["adamw", "adafactor", "adamw8bit"])
+def test_optimizer_state_survives_a_checkpoint_exactly(tmp_path, name):
+    """save_optimizer / load_optimizer keep every optimizer's state, bitsandbytes' nested one included:
+    the next step after loading equals the next step of the optimizer that never stopped."""
+    from course_lib import checkpoints
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 256)
+    layers = [torch.nn.Linear(256, 256) for _ in range(2)]
+    layers[1].load_state_dict(layers[0].state_dict())
+    running, saved = (training.make_optimizer(la, 1e-3, 0.01, name=name) for la in layers)
+    for layer, optimizer in zip(layers, (running, saved)):
+        layer(x).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    checkpoints.save_optimizer(saved, tmp_path / "optimizer.safetensors")
+    loaded = training.make_optimizer(layers[1], 1e-3, 0.01, name=name)
+    checkpoints.load_optimizer(loaded, tmp_path / "optimizer.safetensors")
+    for layer, optimizer in zip(layers, (running, loaded)):
+        layer(x).sum().backward()
+        optimizer.step()
+    assert torch.equal(layers[0].weight, layers[1].weight)

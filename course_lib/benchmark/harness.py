@@ -39,7 +39,7 @@ from course_lib.devices import (
     cpu_name,
     get_device,
 )
-from course_lib.instruments.memory import tensor_peak_mb
+from course_lib.instruments.memory import SavedTensors, optimizer_state_bytes, tensor_peak_mb
 from course_lib.instruments.throughput import matmul_gflops, model_flops_per_token
 from course_lib.instruments.timing import StepClock
 from course_lib.mixed_precision import autocast_dtype, precision_label
@@ -80,6 +80,26 @@ def peak_memory_mb(
         return tensor_peak_mb(
             lambda: TRAINERS[implementation](model, rows, replace(spec, steps=steps)), spec.device
         )
+
+
+def state_breakdown(template: torch.nn.Module, dataset: Dataset, spec: RunSpec) -> dict[str, float]:
+    """What one step keeps, in MiB, the same for every implementation: the activations autograd saves
+    for backward (``SavedTensors``, under the row's autocast) and AdamW's state after the step."""
+    model = copy.deepcopy(template).to(spec.device)
+    rows = [dataset[i] for i in range(spec.batch_size)]
+    batch = {k: torch.stack([r[k] for r in rows]).to(spec.device) for k in rows[0]}
+    autocast = torch.autocast(
+        spec.device.type, dtype=autocast_dtype(spec.precision), enabled=spec.precision != "no"
+    )
+    with SavedTensors() as saved, autocast:
+        loss = model(**batch).loss
+    loss.backward()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr)
+    optimizer.step()
+    return {
+        "saved_for_backward_mb": saved.bytes / 2**20,
+        "optimizer_state_mb": optimizer_state_bytes(optimizer) / 2**20,
+    }
 
 
 def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = print) -> list[dict[str, Any]]:
@@ -166,6 +186,7 @@ def _measure_size(
                 gc.collect()
     rows = []
     for precision in precisions:
+        kept = state_breakdown(template, dataset, replace(spec, precision=precision))
         for impl in cfg.implementations:
             key = (precision, impl)
             out = last[key]
@@ -201,6 +222,7 @@ def _measure_size(
                     "mfu": flops / (peaks[peak_dtype] * 1e9),
                     "peak_mem_mb": mem,
                     "peak_mem_method": method,
+                    **kept,
                     "first_loss": out.losses[0],
                     "final_loss": out.losses[-1],
                     "losses": out.losses,

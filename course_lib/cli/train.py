@@ -30,6 +30,7 @@ import torch
 from course_lib import checkpoints, data, distributed, models, training
 from course_lib.devices import seed_everything
 from course_lib.mixed_precision import best_precision, normalize_precision
+from course_lib.training.ddp import COMM_HOOKS
 
 EXIT_BAD_INPUT = 2
 EXIT_STOPPED = 3  # --stop-after-steps: the run "dies" after a checkpoint, like a killed job
@@ -59,6 +60,10 @@ class RunConfig:
     stop_after_steps: int | None = None  # simulate a crash after this step (tests, demos)
     cpu: bool = False
     progress: bool = True
+    optimizer: str = "adamw"  # "adamw" | "adafactor" | "adamw8bit"
+    gradient_checkpointing: bool = False
+    local_sgd_steps: int | None = None  # average parameters every N steps instead of gradients every step
+    comm_hook: str = "none"  # "none" | "fp16" | "bf16" (NCCL only): 16-bit gradients on the wire
 
     def __post_init__(self) -> None:
         for name in (
@@ -71,12 +76,22 @@ class RunConfig:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}.")
-        for name in ("max_steps", "train_rows", "eval_rows", "stop_after_steps"):
+        for name in ("max_steps", "train_rows", "eval_rows", "stop_after_steps", "local_sgd_steps"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1 (or left out), got {value}.")
         if self.lr <= 0:
             raise ValueError(f"--lr must be positive, got {self.lr}.")
+        if self.local_sgd_steps and self.save_every % self.local_sgd_steps:
+            raise ValueError(
+                f"--save-every {self.save_every} is not a multiple of --local-sgd-steps {self.local_sgd_steps}: "
+                "a checkpoint must hold the averaged parameters. Pick --save-every as a multiple of it."
+            )
+        if self.local_sgd_steps and self.comm_hook != "none":
+            raise ValueError(
+                "--comm-hook compresses DDP's per-step gradient all-reduce, which --local-sgd-steps turns "
+                "off (it averages parameters instead): use one of the two."
+            )
         if self.precision not in (None, "auto"):
             self.precision = normalize_precision(self.precision)
 
@@ -124,6 +139,30 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
     p.add_argument("--stop-after-steps", type=int, default=None, help="exit with status 3 after step N")
     p.add_argument("--cpu", action="store_true", help="train on the CPU even if GPUs are present")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    techniques = p.add_argument_group("techniques (lessons 04-06)")
+    techniques.add_argument(
+        "--optimizer",
+        default=d.optimizer,
+        choices=list(training.OPTIMIZERS),
+        help="AdamW (8 bytes of state per parameter), Adafactor (factored), 8-bit AdamW (bitsandbytes)",
+    )
+    techniques.add_argument(
+        "--gradient-checkpointing",
+        action="store_true",
+        help="recompute activations in backward: less memory, about one extra forward pass",
+    )
+    techniques.add_argument(
+        "--local-sgd-steps",
+        type=int,
+        default=d.local_sgd_steps,
+        help="N processes: average the parameters every N optimizer steps instead of the gradients every step",
+    )
+    techniques.add_argument(
+        "--comm-hook",
+        default=d.comm_hook,
+        choices=list(COMM_HOOKS),
+        help="N processes: all-reduce gradients in 16 bits (bf16 needs NCCL, i.e. GPUs)",
+    )
     args = p.parse_args(argv)
     try:
         return RunConfig(**vars(args))
@@ -273,7 +312,7 @@ def run(cfg: RunConfig) -> dict[str, Any]:
         tokenizer, train_split, val_split = load_splits(cfg)
         model = models.load_model(cfg.model)
     train_loader, eval_loader = make_loaders(cfg, accelerator, tokenizer, train_split, val_split)
-    optimizer = training.make_optimizer(model, cfg.lr, weight_decay=0.01)
+    optimizer = training.make_optimizer(model, cfg.lr, weight_decay=0.01, name=cfg.optimizer)
     steps = total_steps(cfg, len(train_loader))
 
     start_step = 0
@@ -296,7 +335,14 @@ def run(cfg: RunConfig) -> dict[str, Any]:
     def on_step(step: int) -> None:
         if step % cfg.save_every == 0 or step == steps:
             path = checkpoints.save_checkpoint(
-                cfg.output_dir, step, model, optimizer, accelerator, asdict(cfg), cfg.keep_checkpoints
+                cfg.output_dir,
+                step,
+                model,
+                optimizer,
+                accelerator,
+                asdict(cfg),
+                cfg.keep_checkpoints,
+                per_rank_optimizer=bool(cfg.local_sgd_steps),  # each rank's own state under local SGD
             )
             log(f"step {step}: checkpoint {path}")
         if cfg.stop_after_steps is not None and step >= cfg.stop_after_steps and step < steps:
@@ -313,6 +359,10 @@ def run(cfg: RunConfig) -> dict[str, Any]:
         seed=cfg.seed,
         progress=cfg.progress,
         eval_every_epoch=cfg.evaluate,
+        optimizer=cfg.optimizer,
+        gradient_checkpointing=cfg.gradient_checkpointing,
+        local_sgd_steps=cfg.local_sgd_steps,
+        comm_hook=cfg.comm_hook,
     )
     started = time.perf_counter()
     history = training.train(

@@ -154,3 +154,62 @@ def tensor_peak_mb(fn: Callable[[], object], device=None) -> float:
     finally:
         mb = peak.stop()
     return mb
+
+
+class SavedTensors:
+    """Bytes autograd saves for backward inside the block, per dtype (``saved_tensors_hooks``).
+
+    Every tensor an operation packs for its backward passes through the hook; a storage packed by
+    several operations (or a parameter saved as-is) is counted once. Under gradient checkpointing the
+    checkpointed regions save (almost) nothing: that is the memory checkpointing saves.
+
+        with SavedTensors() as saved:
+            loss = model(**batch).loss
+        saved.bytes, saved.by_dtype
+    """
+
+    def __init__(self) -> None:
+        self.by_dtype: dict[str, int] = {}
+        self._seen: set[int] = set()
+        self._hooks = None
+
+    @property
+    def bytes(self) -> int:
+        return sum(self.by_dtype.values())
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        key = t.untyped_storage().data_ptr()
+        if key not in self._seen:  # held alive until backward, so no address is reused meanwhile
+            self._seen.add(key)
+            dtype = str(t.dtype).removeprefix("torch.")
+            self.by_dtype[dtype] = self.by_dtype.get(dtype, 0) + t.numel() * t.element_size()
+        return t
+
+    def __enter__(self) -> SavedTensors:
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._hooks.__exit__(*exc)
+
+
+def saved_tensor_bytes(fn: Callable[[], object]) -> int:
+    """Bytes autograd saves for backward while ``fn()`` runs (``SavedTensors`` around one call)."""
+    with SavedTensors() as saved:
+        fn()
+    return saved.bytes
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of the tensors an optimizer keeps between steps (``optimizer.state``), step counters excluded.
+
+    The state is created lazily: before the first ``step()`` this is 0. AdamW keeps two fp32 tensors
+    per parameter (8 bytes per parameter); an 8-bit AdamW two uint8 tensors plus per-block scales.
+    """
+    total = 0
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and key != "step":
+                total += value.numel() * value.element_size()
+    return total

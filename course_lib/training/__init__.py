@@ -7,23 +7,35 @@ accum        [accum] gradient accumulation over micro-batches
 ddp          [ddp] no all-reduce mid-accumulation, a new shuffle each epoch
 clip         [clip] gradient clipping on unscaled gradients
 resume       [resume] continue a checkpointed run from an optimizer step
-optim        AdamW (fused where torch has the kernel) and the linear warm-up/decay schedule
+optim        [optim] AdamW (fused where torch has the kernel), Adafactor, 8-bit AdamW; the schedule
+checkpointing  [checkpointing] gradient (activation) checkpointing of a Hugging Face model
+local_sgd    [local_sgd] average parameters every N steps instead of gradients every step
 metrics      ``evaluate`` and ``accuracy_f1``
 history      ``History``: what a run measured
 slides       the slides' own loops (PyTorch, Accelerator): the references lessons and benchmark use
 """
 
 from course_lib.training.accelerator import amp_is_active, fresh_accelerator
+from course_lib.training.checkpointing import enable_checkpointing
 from course_lib.training.history import History
 from course_lib.training.loop import TrainConfig, train
 from course_lib.training.metrics import accuracy_f1, evaluate
-from course_lib.training.optim import fused_adamw_supported, make_optimizer, make_scheduler
+from course_lib.training.optim import (
+    OPTIMIZERS,
+    TRAINER_OPTIM,
+    fused_adamw_supported,
+    make_optimizer,
+    make_scheduler,
+)
 
 __all__ = [
+    "OPTIMIZERS",
+    "TRAINER_OPTIM",
     "History",
     "TrainConfig",
     "accuracy_f1",
     "amp_is_active",
+    "enable_checkpointing",
     "evaluate",
     "fresh_accelerator",
     "fused_adamw_supported",

@@ -9,6 +9,9 @@ and carries its tag; each tag names the file of this package that holds what the
 * ``# [ddp]``         ``ddp.py``          no all-reduce mid-accumulation, a new shuffle each epoch
 * ``# [clip]``        ``clip.py``         gradient clipping, after unscaling
 * ``# [resume]``      ``resume.py``       continue from optimizer step ``start_step``; ``on_step`` hook
+* ``# [optim]``       ``optim.py``        the optimizer (AdamW, Adafactor, 8-bit AdamW) and its schedule
+* ``# [checkpointing]`` ``checkpointing.py`` recompute activations in backward instead of keeping them
+* ``# [local_sgd]``   ``local_sgd.py``    average parameters every ``local_sgd_steps`` steps, not gradients
 
 Without an ``Accelerator`` the loop runs on ``TorchAmp`` (placement + ``torch.amp``); with one, on
 ``AcceleratorSteps``. Both offer the same five calls (prepare, to_device, autocast, backward, step),
@@ -31,11 +34,13 @@ from course_lib.mixed_precision import check_precision
 from course_lib.training.accelerator import AcceleratorSteps
 from course_lib.training.accum import micro_batches, steps_per_epoch
 from course_lib.training.amp import TorchAmp
+from course_lib.training.checkpointing import enable_checkpointing
 from course_lib.training.clip import clip_gradients
-from course_lib.training.ddp import set_epoch, sync_gradients
+from course_lib.training.ddp import COMM_HOOKS, register_comm_hook, set_epoch, sync_gradients
 from course_lib.training.history import History
+from course_lib.training.local_sgd import local_sgd
 from course_lib.training.metrics import evaluate
-from course_lib.training.optim import make_optimizer, make_scheduler
+from course_lib.training.optim import OPTIMIZERS, make_optimizer, make_scheduler
 from course_lib.training.resume import resume_position
 
 PROGRESS_INTERVAL = 1.0  # seconds between progress-bar redraws (a bounded number of kernel messages)
@@ -57,8 +62,18 @@ class TrainConfig:
     device: str | None = None  # None: auto (cuda, mps, cpu); ignored with an Accelerator
     progress: bool = True
     eval_every_epoch: bool = True
+    optimizer: str = "adamw"  # "adamw" | "adafactor" | "adamw8bit" (ignored when an optimizer is passed)
+    gradient_checkpointing: bool = False
+    local_sgd_steps: int | None = None  # average parameters every N steps (N processes); None: DDP
+    comm_hook: str = "none"  # "none" | "fp16" | "bf16": compress the gradients DDP all-reduces
 
     def __post_init__(self) -> None:
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}.")
+        if self.comm_hook not in COMM_HOOKS:
+            raise ValueError(f"comm_hook must be one of {', '.join(COMM_HOOKS)}, got {self.comm_hook!r}.")
+        if self.local_sgd_steps is not None and self.local_sgd_steps < 1:
+            raise ValueError(f"local_sgd_steps must be >= 1 (or None), got {self.local_sgd_steps}.")
         if self.grad_accum_steps < 1:
             raise ValueError(f"grad_accum_steps must be >= 1, got {self.grad_accum_steps}.")
         if self.epochs < 1 and not self.max_steps:
@@ -93,7 +108,8 @@ def train(
         seed_everything(cfg.seed)  # a resumed run keeps the RNG state its caller restored  # [resume]
     if len(train_dataloader) == 0:
         raise ValueError("The training DataLoader is empty: there is nothing to train on.")
-    optimizer = optimizer or make_optimizer(model, cfg.lr, cfg.weight_decay)
+    optimizer = optimizer or make_optimizer(model, cfg.lr, cfg.weight_decay, name=cfg.optimizer)  # [optim]
+    enable_checkpointing(model, cfg.gradient_checkpointing)  # [checkpointing]
     if accelerator is not None:
         steps = AcceleratorSteps(accelerator)  # [accelerator]
     else:
@@ -102,6 +118,7 @@ def train(
     model, optimizer, train_dataloader, eval_dataloader = steps.prepare(
         model, optimizer, train_dataloader, eval_dataloader
     )
+    register_comm_hook(model, cfg.comm_hook)  # DDP sends 16-bit gradients  # [ddp]
     # Counted after prepare: under N processes each one sees 1/N of the batches.
     per_epoch = steps_per_epoch(len(train_dataloader), k)  # [accum]
     total_steps = cfg.max_steps or per_epoch * cfg.epochs
@@ -118,40 +135,42 @@ def train(
     )
     model.train()
     step, watch, tokens = start_step, Stopwatch(steps.device), 0
-    for epoch in range(first_epoch, math.ceil(total_steps / per_epoch)):
-        set_epoch(train_dataloader, epoch)  # [ddp]
-        watch.start()
-        for batch, update in micro_batches(train_dataloader, k, skip if epoch == first_epoch else 0):
-            batch = steps.to_device(batch)
-            tokens += batch["input_ids"].numel()
-            with sync_gradients(model, update):  # [ddp]
-                with steps.autocast():  # [amp]
-                    loss = model(**batch).loss / k  # forward + loss  # [accum]
-                steps.backward(loss)  # backward  # [amp] scaled for fp16
-            if not update:  # [accum]
-                continue
-            if cfg.max_grad_norm:
-                clip_gradients(steps, model, optimizer, cfg.max_grad_norm)  # [clip]
-            steps.step(optimizer, history)  # step  # [amp] skipped on inf/nan
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-
-            step += 1
-            history.losses.append(loss.item() * k)
-            history.step_times.append(watch.lap())
-            history.step_tokens.append(tokens)
-            tokens = 0
-            bar.set_postfix(loss=f"{history.losses[-1]:.3f}", refresh=False)
-            bar.update(1)
-            if on_step is not None:
-                on_step(step)  # e.g. save a checkpoint  # [resume]
+    with local_sgd(steps, model, cfg.local_sgd_steps, start_step) as averager:  # [local_sgd]
+        for epoch in range(first_epoch, math.ceil(total_steps / per_epoch)):
+            set_epoch(train_dataloader, epoch)  # [ddp]
             watch.start()
+            for batch, update in micro_batches(train_dataloader, k, skip if epoch == first_epoch else 0):
+                batch = steps.to_device(batch)
+                tokens += batch["input_ids"].numel()
+                with sync_gradients(model, update):  # [ddp]
+                    with steps.autocast():  # [amp]
+                        loss = model(**batch).loss / k  # forward + loss  # [accum]
+                    steps.backward(loss)  # backward  # [amp] scaled for fp16
+                if not update:  # [accum]
+                    continue
+                if cfg.max_grad_norm:
+                    clip_gradients(steps, model, optimizer, cfg.max_grad_norm)  # [clip]
+                steps.step(optimizer, history)  # step  # [amp] skipped on inf/nan
+                scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
+                averager.step()  # every local_sgd_steps: average the parameters  # [local_sgd]
+
+                step += 1
+                history.losses.append(loss.item() * k)
+                history.step_times.append(watch.lap())
+                history.step_tokens.append(tokens)
+                tokens = 0
+                bar.set_postfix(loss=f"{history.losses[-1]:.3f}", refresh=False)
+                bar.update(1)
+                if on_step is not None:
+                    on_step(step)  # e.g. save a checkpoint  # [resume]
+                watch.start()
+                if step >= total_steps:
+                    break
+            if eval_dataloader is not None and cfg.eval_every_epoch:
+                history.evals.append({"step": step, **evaluate(model, eval_dataloader, **steps.eval_args())})
             if step >= total_steps:
                 break
-        if eval_dataloader is not None and cfg.eval_every_epoch:
-            history.evals.append({"step": step, **evaluate(model, eval_dataloader, **steps.eval_args())})
-        if step >= total_steps:
-            break
     bar.close()
     if not all(math.isfinite(x) for x in history.losses):
         warnings.warn(

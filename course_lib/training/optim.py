@@ -1,8 +1,21 @@
-"""The optimizer and learning-rate schedule every course run uses: AdamW, linear warm-up and decay."""
+"""[optim] The optimizer and the learning-rate schedule: AdamW (default), Adafactor or 8-bit AdamW.
+
+* ``adamw``      ``torch.optim.AdamW``, fused where torch has the kernel: 8 bytes of state per parameter
+* ``adafactor``  ``torch.optim.Adafactor`` (Shazeer & Stern 2018): factored second moments, n + m
+  numbers for an n x m matrix, no first moment
+* ``adamw8bit``  ``bitsandbytes.optim.AdamW8bit`` (Dettmers et al. 2021): both moments in 8 bits with
+  block-wise scales, about 2 bytes per parameter (tensors under 4,096 elements stay 32-bit)
+
+``TRAINER_OPTIM`` gives the ``TrainingArguments(optim=...)`` name of each.
+"""
 
 from __future__ import annotations
 
 import torch
+
+OPTIMIZERS = ("adamw", "adafactor", "adamw8bit")
+# The TrainingArguments(optim=...) name of each (Trainer's "adafactor" is transformers' own Adafactor).
+TRAINER_OPTIM = {"adamw": "adamw_torch_fused", "adafactor": "adafactor", "adamw8bit": "adamw_bnb_8bit"}
 
 
 def fused_adamw_supported(params: list[torch.nn.Parameter]) -> bool:
@@ -17,21 +30,40 @@ def fused_adamw_supported(params: list[torch.nn.Parameter]) -> bool:
 
 
 def make_optimizer(
-    model: torch.nn.Module, lr: float, weight_decay: float, fused: bool | None = None
+    model: torch.nn.Module,
+    lr: float,
+    weight_decay: float,
+    fused: bool | None = None,
+    name: str = "adamw",
 ) -> torch.optim.Optimizer:
-    """AdamW with no weight decay on biases and LayerNorm weights.
+    """The optimizer ``name`` (one of ``OPTIMIZERS``), with no weight decay on biases and LayerNorm weights.
 
     ``fused=None`` (default) uses torch's fused AdamW kernel where there is one, as Trainer's default
     ``adamw_torch_fused`` does: one kernel for all parameters instead of a loop with temporaries
     (docs/benchmark.md measures the difference). The update is the same AdamW.
     """
+    if name not in OPTIMIZERS:
+        raise ValueError(f"Unknown optimizer {name!r}: use one of {', '.join(OPTIMIZERS)}.")
     decay, no_decay = [], []
-    for name, p in model.named_parameters():
+    for param_name, p in model.named_parameters():
         if p.requires_grad:
-            (no_decay if p.ndim < 2 or "LayerNorm" in name or "layer_norm" in name else decay).append(p)
+            no_decay_here = p.ndim < 2 or "LayerNorm" in param_name or "layer_norm" in param_name
+            (no_decay if no_decay_here else decay).append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    if name == "adafactor":
+        # torch's Adafactor scales its step by the parameter's RMS; lr caps the relative step size.
+        return torch.optim.Adafactor(groups, lr=lr)
+    if name == "adamw8bit":
+        try:
+            import bitsandbytes as bnb
+        except ImportError as err:
+            raise ImportError(
+                "optimizer 'adamw8bit' needs bitsandbytes: pip install 'bitsandbytes==0.50.2' "
+                "(the course's pyproject.toml installs it)."
+            ) from err
+        return bnb.optim.AdamW8bit(groups, lr=lr)
     if fused is None:
         fused = fused_adamw_supported(decay + no_decay)
-    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=lr, fused=fused or None)
 
 
