@@ -92,7 +92,7 @@ def save_optimizer_state(state: dict, path: Path) -> None:
         }
         for key, value in flat.items():
             if torch.is_tensor(value):
-                tensors[f"state.{index}.{key}"] = value.detach().cpu().contiguous()
+                tensors[f"state.{index}.{key}"] = value.detach().cpu().clone()  # shared (bnb qmaps): copies
             else:
                 other[f"{index}.{key}"] = value
     metadata = {"param_groups": json.dumps(state["param_groups"]), "other": json.dumps(other)}

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Check every GPU path of the course on a machine with a CUDA GPU, in one call, and print one table:
-#   cuda placement, fp16 with GradScaler, bf16, torchrun with nccl (1 and N processes),
+#   cuda placement, fp16 with GradScaler, bf16, torchrun with nccl (1 and N processes), the techniques
+#   of lessons 04-06 (8-bit AdamW, checkpointing; bf16 compression hook and local SGD with N GPUs),
 #   the benchmark on CUDA (--quick), and the lessons executed on the GPU (in a temporary copy).
 # Usage (from the repository root, with the course installed in .venv or the active Python):
 #   bash scripts/gpu_check.sh            # writes gpu-check/ (logs, summary.md) and prints the table
@@ -84,6 +85,18 @@ for n in 1 "$NGPU"; do
     && $PY -c \"import json; m = json.load(open('$OUT/run-$n/metrics.json')); assert m['backend'] == 'nccl' or m['processes'] == 1, m['backend']; print('FIGURE', m['processes'], 'process(es),', m['backend'], ',', round(m['total_tokens_per_s']), 'tokens/s')\""
   [ "$NGPU" -gt 1 ] || break
 done
+
+# The techniques of lessons 04-06 on CUDA: 8-bit AdamW (bitsandbytes' CUDA kernels), checkpointing; with
+# several GPUs also the bf16 compression hook (NCCL only) and local SGD.
+check "techniques-1" "$PY" -m course_lib.cli.train --max-steps 20 --precision bf16 --optimizer adamw8bit \
+  --gradient-checkpointing --output-dir "$OUT/run-techniques" --no-progress
+if [ "$NGPU" -gt 1 ]; then
+  check "torchrun-bf16-hook-$NGPU" "$PY" -m torch.distributed.run --standalone --nproc_per_node "$NGPU" \
+    -m course_lib.cli.train --max-steps 20 --precision bf16 --comm-hook bf16 --output-dir "$OUT/run-hook" --no-progress
+  check "torchrun-local-sgd-$NGPU" "$PY" -m torch.distributed.run --standalone --nproc_per_node "$NGPU" \
+    -m course_lib.cli.train --max-steps 20 --precision bf16 --local-sgd-steps 4 --save-every 20 \
+    --output-dir "$OUT/run-local-sgd" --no-progress
+fi
 
 check bench-quick "$PY" -m course_lib.cli.bench --device cuda --quick --json "$OUT/bench.json" --markdown "$OUT/bench.md"
 

@@ -29,6 +29,7 @@ import torch
 
 from course_lib import checkpoints, data, distributed, models, training
 from course_lib.devices import seed_everything
+from course_lib.instruments.throughput import format_per_process, per_process_throughput
 from course_lib.mixed_precision import best_precision, normalize_precision
 from course_lib.training.ddp import COMM_HOOKS
 
@@ -255,43 +256,6 @@ def total_steps(cfg: RunConfig, batches_per_epoch: int) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
-# Throughput
-# ---------------------------------------------------------------------------------------------
-
-
-def throughput(history: training.History, cfg: RunConfig, accelerator) -> dict[str, Any]:
-    """Padded tokens/s and samples/s of every process (median over optimizer steps) and their sum."""
-    from accelerate.utils import gather
-
-    step_s = history.median_step_time()
-    mine = torch.tensor(
-        [history.tokens_per_s(), cfg.batch_size * cfg.grad_accum_steps / step_s, step_s],
-        dtype=torch.float64,
-        device=accelerator.device,
-    )
-    rows = gather(mine.unsqueeze(0)).cpu().tolist()  # (processes, 3): collective
-    return {
-        "tokens_per_s": [r[0] for r in rows],
-        "samples_per_s": [r[1] for r in rows],
-        "median_step_s": [r[2] for r in rows],
-        "total_tokens_per_s": sum(r[0] for r in rows),
-        "total_samples_per_s": sum(r[1] for r in rows),
-    }
-
-
-def format_throughput(tp: dict[str, Any]) -> str:
-    """One line per process, then the total."""
-    lines = [
-        f"  rank {r}: {tok:,.0f} tokens/s, {smp:,.1f} samples/s, {s * 1000:.0f} ms/step"
-        for r, (tok, smp, s) in enumerate(zip(tp["tokens_per_s"], tp["samples_per_s"], tp["median_step_s"]))
-    ]
-    lines.append(
-        f"  total : {tp['total_tokens_per_s']:,.0f} tokens/s, {tp['total_samples_per_s']:,.1f} samples/s"
-    )
-    return "\n".join(lines)
-
-
-# ---------------------------------------------------------------------------------------------
 # The command
 # ---------------------------------------------------------------------------------------------
 
@@ -376,7 +340,7 @@ def run(cfg: RunConfig) -> dict[str, Any]:
         on_step=on_step,
     )
     wall_s = time.perf_counter() - started
-    tp = throughput(history, cfg, accelerator)
+    tp = per_process_throughput(history, cfg.batch_size * cfg.grad_accum_steps, accelerator)
     final = checkpoints.save_final_model(cfg.output_dir, model, tokenizer, accelerator)
     metrics = {
         "config": asdict(cfg),
@@ -402,7 +366,7 @@ def run(cfg: RunConfig) -> dict[str, Any]:
     )
     log(
         "throughput (padded tokens and samples per second, median over optimizer steps):\n"
-        + format_throughput(tp)
+        + format_per_process(tp)
     )
     log(f"final model: {final}; metrics: {Path(cfg.output_dir) / 'metrics.json'}")
     accelerator.end_training()

@@ -6,6 +6,8 @@ model's training FLOPs per second over the matmul peak measured here in the dtyp
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from course_lib.devices import get_device
@@ -51,3 +53,38 @@ def model_flops_per_token(n_params: int) -> float:
 def mfu(tokens_per_s: float, flops_per_token: float, peak_gflops: float) -> float:
     """Model FLOPs utilisation: achieved training FLOP/s as a fraction of the measured matmul peak."""
     return tokens_per_s * flops_per_token / (peak_gflops * 1e9)
+
+
+def per_process_throughput(history, rows_per_step: int, accelerator) -> dict[str, Any]:
+    """Padded tokens/s and samples/s of every process (median over optimizer steps) and their sum.
+
+    ``history`` is this process's ``training.History``; a collective: every process calls it.
+    """
+    from accelerate.utils import gather
+
+    step_s = history.median_step_time()
+    mine = torch.tensor(
+        [history.tokens_per_s(), rows_per_step / step_s, step_s],
+        dtype=torch.float64,
+        device=accelerator.device,
+    )
+    rows = gather(mine.unsqueeze(0)).cpu().tolist()  # (processes, 3)
+    return {
+        "tokens_per_s": [r[0] for r in rows],
+        "samples_per_s": [r[1] for r in rows],
+        "median_step_s": [r[2] for r in rows],
+        "total_tokens_per_s": sum(r[0] for r in rows),
+        "total_samples_per_s": sum(r[1] for r in rows),
+    }
+
+
+def format_per_process(tp: dict[str, Any]) -> str:
+    """``per_process_throughput``'s figures: one line per process, then the total."""
+    lines = [
+        f"  rank {r}: {tok:,.0f} tokens/s, {smp:,.1f} samples/s, {s * 1000:.0f} ms/step"
+        for r, (tok, smp, s) in enumerate(zip(tp["tokens_per_s"], tp["samples_per_s"], tp["median_step_s"]))
+    ]
+    lines.append(
+        f"  total : {tp['total_tokens_per_s']:,.0f} tokens/s, {tp['total_samples_per_s']:,.1f} samples/s"
+    )
+    return "\n".join(lines)
