@@ -62,6 +62,7 @@ SLOW = (
     "tests/test_experiments.py::test_fine_tuning",
     "tests/test_experiments.py::test_both_runs",
     "tests/test_experiments.py::test_cli",
+    "tests/test_demos_local_sgd.py::test_two_ranks_count_and_drift",
 )
 
 

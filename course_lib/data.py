@@ -1,11 +1,11 @@
-"""Data: the MRPC-shaped paraphrase dataset, tokenisation, dynamic padding and DataLoaders."""
+"""Data: the MRPC-shaped paraphrase dataset, tokenisation, dynamic padding, length grouping, DataLoaders."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Sampler
 
 from course_lib.config import EMBEDDED, HUB_DATASET, sources
 from course_lib.corpus import SPLIT_SIZES, generate_split
@@ -95,11 +95,101 @@ def pad_multiple(precision: str) -> int | None:
     return 8 if normalize_precision(precision) != "no" else None
 
 
-def make_collator(tokenizer, precision: str = "no"):
-    """Dynamic padding to the longest sequence of each batch (a multiple of 8 under fp16/bf16)."""
+def make_collator(tokenizer, precision: str = "no", pad_to: int | None = None):
+    """Dynamic padding to the longest sequence of each batch (a multiple of 8 under fp16/bf16).
+
+    ``pad_to``: pad every batch to exactly this many tokens instead (``padding="max_length"``, as the
+    slides' ``tokenizer(..., padding="max_length", max_length=128)`` does): fixed shapes, more padding.
+    """
     from transformers import DataCollatorWithPadding
 
+    if pad_to is not None:
+        if pad_to < 1:
+            raise ValueError(f"pad_to must be a positive number of tokens, got {pad_to}.")
+        return DataCollatorWithPadding(tokenizer, padding="max_length", max_length=pad_to)
     return DataCollatorWithPadding(tokenizer, pad_to_multiple_of=pad_multiple(precision))
+
+
+class LengthGroupedBatchSampler(Sampler[list[int]]):
+    """Batches of similar lengths, in a new random order every epoch (less padding per batch).
+
+    The idea of transformers' ``group_by_length`` (``LengthGroupedSampler``): shuffle all rows, cut
+    the permutation into mega-batches of ``mega_batches`` x ``batch_size`` rows, sort each mega-batch by
+    length and cut it into batches; then shuffle the order of all batches, so that consecutive steps
+    do not go from long to short. Every row appears exactly once per epoch. The shuffle is seeded by
+    ``seed`` and the epoch: each pass over the sampler is the next epoch (0, 1, ...), and ``set_epoch``
+    picks one, as a ``DistributedSampler``'s does.
+    """
+
+    def __init__(
+        self,
+        lengths: Sequence[int],
+        batch_size: int,
+        seed: int = 0,
+        mega_batches: int = 50,
+        drop_last: bool = False,
+    ) -> None:
+        if batch_size < 1 or mega_batches < 1:
+            raise ValueError(
+                f"batch_size and mega_batches must be >= 1, got {batch_size} and {mega_batches}."
+            )
+        if len(lengths) == 0:
+            raise ValueError("No lengths: group a split with at least one row.")
+        self.lengths = [int(n) for n in lengths]
+        self.batch_size, self.seed, self.drop_last = batch_size, seed, drop_last
+        # At least 4 mega-batches per epoch (as transformers does), so that grouping keeps some randomness.
+        self.mega_batches = max(1, min(mega_batches, len(self.lengths) // (4 * batch_size)))
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next pass epoch ``epoch`` (a distributed training loop calls this every epoch)."""
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        n = len(self.lengths)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def batches(self, epoch: int) -> list[list[int]]:
+        """The batches (lists of row indices) of ``epoch``: a pure function of seed and epoch."""
+        generator = torch.Generator().manual_seed(self.seed * 100_003 + epoch)
+        order = torch.randperm(len(self.lengths), generator=generator).tolist()
+        size = self.mega_batches * self.batch_size
+        batches = []
+        for start in range(0, len(order), size):
+            mega = sorted(order[start : start + size], key=lambda i: self.lengths[i], reverse=True)
+            batches += [mega[i : i + self.batch_size] for i in range(0, len(mega), self.batch_size)]
+        full = [b for b in batches if len(b) == self.batch_size]
+        short = [b for b in batches if len(b) < self.batch_size]  # at most one per mega-batch
+        # Leftover rows of the short batches form full batches again; the remainder goes last (or is dropped).
+        rest = [i for b in short for i in b]
+        full += [
+            rest[i : i + self.batch_size]
+            for i in range(0, len(rest) - len(rest) % self.batch_size, self.batch_size)
+        ]
+        tail = rest[len(rest) - len(rest) % self.batch_size :]
+        shuffled = [full[i] for i in torch.randperm(len(full), generator=generator).tolist()]
+        return shuffled + ([tail] if tail and not self.drop_last else [])
+
+    def __iter__(self) -> Iterator[list[int]]:
+        epoch, self.epoch = self.epoch, self.epoch + 1  # the next pass is the next epoch
+        return iter(self.batches(epoch))
+
+
+def split_lengths(split) -> list[int]:
+    """Token count of every row of a tokenised split (its unpadded ``input_ids``)."""
+    return [len(ids) for ids in split["input_ids"]]
+
+
+def padding_counts(loader: DataLoader) -> dict[str, int]:
+    """One pass over ``loader``: ``{"real": tokens that are text, "padded": tokens computed on}``.
+
+    ``padded`` counts every position of every batch (``input_ids.numel()``), ``real`` the unmasked ones.
+    """
+    real = padded = 0
+    for batch in loader:
+        real += int(batch["attention_mask"].sum())
+        padded += batch["input_ids"].numel()
+    return {"real": real, "padded": padded}
 
 
 def make_dataloader(
@@ -110,20 +200,33 @@ def make_dataloader(
     precision: str = "no",
     seed: int = 0,
     num_workers: int = 0,
+    pad_to: int | None = None,
+    group_by_length: bool = False,
+    drop_last: bool = False,
 ) -> DataLoader:
-    """A DataLoader over a tokenised split with dynamic padding; shuffling is seeded."""
+    """A DataLoader over a tokenised split with dynamic padding; shuffling is seeded.
+
+    ``pad_to``: pad every batch to this many tokens instead of to its longest row (fixed shapes).
+    ``group_by_length``: batches of similar lengths in a seeded random order that changes every epoch
+    (``LengthGroupedBatchSampler``; implies shuffling). ``drop_last``: leave out a last, smaller batch.
+    """
     if len(split) == 0:
         raise ValueError("Cannot build a DataLoader over an empty split: select at least one row.")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
+    collate_fn = make_collator(tokenizer, precision, pad_to)
+    if group_by_length:
+        sampler = LengthGroupedBatchSampler(split_lengths(split), batch_size, seed=seed, drop_last=drop_last)
+        return DataLoader(split, batch_sampler=sampler, collate_fn=collate_fn, num_workers=num_workers)
     generator = torch.Generator().manual_seed(seed) if shuffle else None
     return DataLoader(
         split,
         batch_size=batch_size,
         shuffle=shuffle,
-        collate_fn=make_collator(tokenizer, precision),
+        collate_fn=collate_fn,
         generator=generator,
         num_workers=num_workers,
+        drop_last=drop_last,
     )
 
 

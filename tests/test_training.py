@@ -254,3 +254,13 @@ def test_optimizer_state_survives_a_checkpoint_exactly(tmp_path, name):
         optimizer.step()
     for a, b in zip(layers[0].parameters(), layers[1].parameters()):
         assert torch.equal(a, b)
+
+
+def test_micro_batches_mark_updates_and_the_short_last_window():
+    """5 micro-batches with k=4: one full window and a window of 1, whose loss is divided by 1, not 4."""
+    from course_lib.training.accum import micro_batches
+
+    marks = [(update, window) for _, update, window in micro_batches(range(5), 4)]
+    assert marks == [(False, 4), (False, 4), (False, 4), (True, 4), (True, 1)]
+    assert [(u, w) for _, u, w in micro_batches(range(5), 4, start=4)] == [(True, 1)]  # resumed there
+    assert [(u, w) for _, u, w in micro_batches(range(6), 3)] == [(False, 3), (False, 3), (True, 3)] * 2

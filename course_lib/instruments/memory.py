@@ -205,11 +205,18 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
     """Bytes of the tensors an optimizer keeps between steps (``optimizer.state``), step counters excluded.
 
     The state is created lazily: before the first ``step()`` this is 0. AdamW keeps two fp32 tensors
-    per parameter (8 bytes per parameter); an 8-bit AdamW two uint8 tensors plus per-block scales.
+    per parameter (8 bytes per parameter); an 8-bit AdamW two uint8 tensors plus per-block scales and
+    two quantisation maps that all its parameters share (a storage shared by several entries is
+    counted once).
     """
-    total = 0
+    total, seen = 0, set()
     for state in optimizer.state.values():
         for key, value in state.items():
-            if isinstance(value, torch.Tensor) and key != "step":
-                total += value.numel() * value.element_size()
+            if not isinstance(value, torch.Tensor) or key == "step":
+                continue
+            storage = (str(value.device), value.untyped_storage().data_ptr())
+            if value.numel() and storage in seen:
+                continue
+            seen.add(storage)
+            total += value.numel() * value.element_size()
     return total

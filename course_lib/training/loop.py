@@ -139,12 +139,13 @@ def train(
         for epoch in range(first_epoch, math.ceil(total_steps / per_epoch)):
             set_epoch(train_dataloader, epoch)  # [ddp]
             watch.start()
-            for batch, update in micro_batches(train_dataloader, k, skip if epoch == first_epoch else 0):
+            start = skip if epoch == first_epoch else 0
+            for batch, update, window in micro_batches(train_dataloader, k, start):  # [accum]
                 batch = steps.to_device(batch)
                 tokens += batch["input_ids"].numel()
                 with sync_gradients(model, update):  # [ddp]
                     with steps.autocast():  # [amp]
-                        loss = model(**batch).loss / k  # forward + loss  # [accum]
+                        loss = model(**batch).loss / window  # forward + loss  # [accum] mean over the window
                     steps.backward(loss)  # backward  # [amp] scaled for fp16
                 if not update:  # [accum]
                     continue
@@ -156,7 +157,7 @@ def train(
                 averager.step()  # every local_sgd_steps: average the parameters  # [local_sgd]
 
                 step += 1
-                history.losses.append(loss.item() * k)
+                history.losses.append(loss.item() * window)
                 history.step_times.append(watch.lap())
                 history.step_tokens.append(tokens)
                 tokens = 0

@@ -11,11 +11,27 @@
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 OPTIMIZERS = ("adamw", "adafactor", "adamw8bit")
+# On CPUs with AVX512-BF16, bitsandbytes' CPU backend logs a warning at import when it cannot fetch an
+# optional 4-bit matmul kernel from the Hub (8-bit optimizers never use it).
+_BNB_CPU_LOGGER = "bitsandbytes.backends.cpu.ops"
 # The TrainingArguments(optim=...) name of each (Trainer's "adafactor" is transformers' own Adafactor).
 TRAINER_OPTIM = {"adamw": "adamw_torch_fused", "adafactor": "adafactor", "adamw8bit": "adamw_bnb_8bit"}
+
+
+def import_bitsandbytes():
+    """Import ``bitsandbytes`` without its import-time warning about the optional 4-bit CPU kernel.
+
+    Only that one logger is raised to ERROR, before the first import; every other message still shows.
+    """
+    logging.getLogger(_BNB_CPU_LOGGER).setLevel(logging.ERROR)
+    import bitsandbytes
+
+    return bitsandbytes
 
 
 def fused_adamw_supported(params: list[torch.nn.Parameter]) -> bool:
@@ -55,7 +71,7 @@ def make_optimizer(
         return torch.optim.Adafactor(groups, lr=lr)
     if name == "adamw8bit":
         try:
-            import bitsandbytes as bnb
+            bnb = import_bitsandbytes()
         except ImportError as err:
             raise ImportError(
                 "optimizer 'adamw8bit' needs bitsandbytes: pip install 'bitsandbytes==0.50.2' "

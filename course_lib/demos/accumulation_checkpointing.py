@@ -1,0 +1,320 @@
+"""Lesson 04's demonstrations: gradient accumulation and gradient checkpointing, each measured.
+
+* accumulation: cut a batch into micro-batches, run backward on each with its loss weighted
+  (``"mean"``: loss / k, as Accelerate does even in a short window, the course loop and Trainer divide
+  by the window's length; ``"examples"``: loss x n_i / N, the
+  mean over every example of the window, exact for unequal micro-batches and a short last window),
+  and compare the gradients and the SGD update with those of the one big batch;
+* memory: peak tensor memory of one forward + backward over the micro-batches (``TensorPeak``);
+* checkpointing: how often each transformer layer's forward runs, counted by hooks (a checkpointed
+  layer runs twice: forward, then again in backward), and the compute ratio those counts imply;
+* the sqrt(n) idea (Chen et al. 2016) on a synthetic stack of n Linear + GELU blocks: bytes saved for
+  backward without checkpointing and with ``checkpoint_sequential`` in about sqrt(n) segments.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch.utils.checkpoint import checkpoint_sequential
+
+from course_lib.devices import to_device
+from course_lib.distributed import flat_grads, flat_params
+from course_lib.instruments.memory import SavedTensors, TensorPeak
+
+WEIGHTINGS = ("mean", "examples")
+
+
+# ---------------------------------------------------------------- accumulation
+
+
+def split_batch(batch: Mapping[str, torch.Tensor], sizes: Sequence[int]) -> list[dict[str, torch.Tensor]]:
+    """Cut ``batch`` (tensors of shape (B, ...)) into consecutive micro-batches of ``sizes`` rows."""
+    rows = {len(v) for v in batch.values()}
+    if len(rows) != 1:
+        raise ValueError(f"The batch's tensors disagree on the number of rows: {sorted(rows)}.")
+    (total,) = rows
+    if not sizes or any(n < 1 for n in sizes) or sum(sizes) != total:
+        raise ValueError(
+            f"sizes {list(sizes)} must be positive and add up to the batch's {total} rows, "
+            f"e.g. [{total // 2}, {total - total // 2}]."
+        )
+    out, start = [], 0
+    for n in sizes:
+        out.append({key: value[start : start + n] for key, value in batch.items()})
+        start += n
+    return out
+
+
+def micro_batch_weights(
+    sizes: Sequence[int], weighting: str = "examples", k: int | None = None
+) -> list[float]:
+    """The factor each micro-batch's mean loss is multiplied by before its backward.
+
+    ``"mean"``: 1 / k for each (``k`` defaults to ``len(sizes)``, the window's length, as the course
+    loop and Trainer do; Accelerate uses its fixed k, also for the short last window of an epoch). ``"examples"``: n_i / sum(n), so that
+    the window's loss is the mean over all its examples, whatever the micro-batch sizes.
+    """
+    if weighting not in WEIGHTINGS:
+        raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}.")
+    if not sizes or any(n < 1 for n in sizes):
+        raise ValueError(f"sizes must be a non-empty list of positive row counts, got {list(sizes)}.")
+    if weighting == "mean":
+        k = len(sizes) if k is None else k
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}.")
+        return [1.0 / k] * len(sizes)
+    total = sum(sizes)
+    return [n / total for n in sizes]
+
+
+def rows(batch: Mapping[str, torch.Tensor]) -> int:
+    """Number of examples in a batch (the length of its ``labels``)."""
+    return len(batch["labels"])
+
+
+def accumulate(
+    model: torch.nn.Module,
+    micro_batches: Sequence[Mapping[str, torch.Tensor]],
+    weighting: str = "examples",
+    k: int | None = None,
+) -> float:
+    """Forward + backward on each micro-batch, its loss weighted per ``weighting``; returns the window's loss.
+
+    The gradients add up in each parameter's ``.grad`` (reset them before, step after).
+    """
+    weights = micro_batch_weights([rows(mb) for mb in micro_batches], weighting, k)
+    device = next(model.parameters()).device
+    total = 0.0
+    for mb, weight in zip(micro_batches, weights):
+        loss = model(**to_device(dict(mb), device)).loss * weight
+        loss.backward()
+        total += loss.item()
+    return total
+
+
+def accumulated_gradients(
+    model: torch.nn.Module,
+    micro_batches: Sequence[Mapping[str, torch.Tensor]],
+    weighting: str = "examples",
+    k: int | None = None,
+) -> torch.Tensor:
+    """All gradients, flattened, after ``accumulate`` on a copy of ``model`` (``model`` is left as is)."""
+    work = copy.deepcopy(model)
+    work.zero_grad(set_to_none=True)
+    accumulate(work, micro_batches, weighting, k)
+    return flat_grads(work)
+
+
+def sgd_update(
+    model: torch.nn.Module,
+    micro_batches: Sequence[Mapping[str, torch.Tensor]],
+    lr: float = 1.0,
+    weighting: str = "examples",
+    k: int | None = None,
+) -> torch.Tensor:
+    """All parameters, flattened, after one SGD step over ``micro_batches`` on a copy of ``model``."""
+    work = copy.deepcopy(model)
+    work.zero_grad(set_to_none=True)
+    optimizer = torch.optim.SGD(work.parameters(), lr=lr)
+    accumulate(work, micro_batches, weighting, k)
+    optimizer.step()
+    return flat_params(work)
+
+
+def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Largest absolute elementwise difference of two tensors of the same shape."""
+    if a.shape != b.shape:
+        raise ValueError(f"Shapes differ: {tuple(a.shape)} vs {tuple(b.shape)}.")
+    return (a.detach().float().cpu() - b.detach().float().cpu()).abs().max().item()
+
+
+def step_peak_mb(
+    model: torch.nn.Module,
+    micro_batches: Sequence[Mapping[str, torch.Tensor]],
+    device: torch.device | str | None = None,
+) -> float:
+    """Peak tensor memory (MiB) of one forward + backward over ``micro_batches`` (gradients reset first).
+
+    Measured with ``TensorPeak`` above what was allocated at the start: activations, the gradient
+    buffers (allocated by the first backward), temporaries. The batches are moved to the device first.
+    """
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    batches = [to_device(dict(mb), device) for mb in micro_batches]
+    model.zero_grad(set_to_none=True)
+    peak = TensorPeak(device)
+    peak.start()
+    try:
+        accumulate(model, batches, "examples")
+    finally:
+        mb = peak.stop()
+    model.zero_grad(set_to_none=True)
+    return mb
+
+
+# ---------------------------------------------------------------- checkpointing
+
+
+def checkpointed_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated blocks a Hugging Face model checkpoints (``GradientCheckpointingLayer``), in order."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    if not layers:
+        raise ValueError(
+            f"{type(model).__name__} has no GradientCheckpointingLayer: pass a Hugging Face transformer "
+            "model (e.g. course_lib.models.load_model())."
+        )
+    return layers
+
+
+class LayerRuns:
+    """How often each layer's forward runs, counted by forward pre-hooks on the layer's direct children.
+
+    transformers keeps a checkpointed layer's own hooks outside the checkpoint (so that hooks run once
+    per step), so the count is taken one level down, where backward's recompute runs them again. A
+    layer's runs are the most calls any of its children saw: torch stops a recompute as soon as it
+    has what backward needs (``early_stop``), so the last child may not run again. Use as a context
+    manager, or call ``remove()``.
+    """
+
+    def __init__(self, layers: Sequence[torch.nn.Module]) -> None:
+        self.calls: list[dict[str, int]] = []
+        self._handles = []
+        for layer in layers:
+            children = dict(layer.named_children())
+            if not children:
+                raise ValueError(f"{type(layer).__name__} has no child modules to count the forward runs of.")
+            calls = dict.fromkeys(children, 0)
+            self.calls.append(calls)
+            for name, child in children.items():
+                self._handles.append(child.register_forward_pre_hook(self._counter(calls, name)))
+
+    @staticmethod
+    def _counter(calls: dict[str, int], name: str):
+        def hook(module, args) -> None:
+            calls[name] += 1
+
+        return hook
+
+    def runs(self) -> list[int]:
+        """Forward runs of each layer so far."""
+        return [max(calls.values()) for calls in self.calls]
+
+    def reset(self) -> None:
+        for calls in self.calls:
+            for name in calls:
+                calls[name] = 0
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def __enter__(self) -> LayerRuns:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.remove()
+
+
+def layer_runs_per_step(model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> list[int]:
+    """Forward runs of each transformer layer in one forward + backward of ``model`` on ``batch``."""
+    device = next(model.parameters()).device
+    with LayerRuns(checkpointed_layers(model)) as counter:
+        model(**to_device(dict(batch), device)).loss.backward()
+        runs = counter.runs()
+    model.zero_grad(set_to_none=True)
+    return runs
+
+
+def compute_ratio(plain_runs: int, runs: int) -> float:
+    """Compute of a step relative to the plain step, in forward passes of the layers.
+
+    The plain step costs 1 forward + 2 for backward (two matrix products per forward one) per layer
+    run; every extra forward run (a recompute) adds 1: ``(runs + 2 plain_runs) / (3 plain_runs)``.
+    """
+    if plain_runs < 1 or runs < plain_runs:
+        raise ValueError(f"Need 1 <= plain_runs <= runs, got plain_runs={plain_runs}, runs={runs}.")
+    return (runs + 2 * plain_runs) / (3 * plain_runs)
+
+
+# ---------------------------------------------------------------- sqrt(n) on a synthetic stack
+
+
+def linear_gelu_stack(n: int, width: int = 64, seed: int = 0) -> torch.nn.Sequential:
+    """``n`` blocks of Linear(width, width) + GELU, seeded: a deep network with one activation size."""
+    if n < 1 or width < 1:
+        raise ValueError(f"n and width must be >= 1, got n={n}, width={width}.")
+    with torch.random.fork_rng(devices=[]):  # seeded here, the caller's random stream untouched
+        torch.manual_seed(seed)
+        blocks = [torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.GELU()) for _ in range(n)]
+    return torch.nn.Sequential(*blocks)
+
+
+def sqrt_segments(n: int) -> int:
+    """About sqrt(n) segments, at least 1 and at most n."""
+    return max(1, min(n, round(math.sqrt(n))))
+
+
+def stack_saved_bytes(stack: torch.nn.Sequential, x: torch.Tensor, segments: int | None = None) -> int:
+    """Bytes saved for backward by one forward of ``stack`` on ``x`` (then backward, to free them).
+
+    ``segments=None``: no checkpointing, every block keeps its activations. Otherwise
+    ``checkpoint_sequential(stack, segments, x, use_reentrant=False)``: each checkpointed segment keeps
+    only its input; the last segment runs normally (its output is needed at once).
+    """
+    if segments is not None and not 1 <= segments <= len(stack):
+        raise ValueError(
+            f"segments must be between 1 and {len(stack)} (the number of blocks), got {segments}."
+        )
+    with SavedTensors() as saved:
+        if segments is None:
+            out = stack(x)
+        else:
+            out = checkpoint_sequential(stack, segments, x, use_reentrant=False)
+    out.sum().backward()
+    stack.zero_grad(set_to_none=True)
+    return saved.bytes
+
+
+def sqrt_n_rows(ns: Sequence[int], width: int = 64, batch: int = 512, seed: int = 0) -> list[dict]:
+    """Bytes saved for backward for each depth ``n``: no checkpointing vs about sqrt(n) segments."""
+    x = torch.randn(batch, width, generator=torch.Generator().manual_seed(seed))
+    rows_out = []
+    for n in ns:
+        stack = linear_gelu_stack(n, width, seed)
+        segments = sqrt_segments(n)
+        rows_out.append(
+            {
+                "n": n,
+                "segments": segments,
+                "plain": stack_saved_bytes(stack, x),
+                "checkpointed": stack_saved_bytes(stack, x, segments),
+            }
+        )
+    return rows_out
+
+
+def plot_sqrt_n(table: Sequence[Mapping[str, int]], ax=None):
+    """Saved bytes (MiB) against depth n: no checkpointing (grows like n) vs sqrt(n) segments."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6.0, 3.5))
+    ns = [r["n"] for r in table]
+    ax.plot(ns, [r["plain"] / 2**20 for r in table], "o-", label="no checkpointing (~ n)")
+    ax.plot(
+        ns,
+        [r["checkpointed"] / 2**20 for r in table],
+        "s-",
+        label="checkpoint_sequential, ~sqrt(n) segments",
+    )
+    ax.set_xlabel("number of blocks n (Linear + GELU)")
+    ax.set_ylabel("saved for backward (MiB)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return ax

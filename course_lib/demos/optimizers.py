@@ -1,0 +1,188 @@
+"""Lesson 06's demonstrations: what AdamW, Adafactor and 8-bit AdamW keep between steps, measured.
+
+* state: the bytes an optimizer holds, read from ``optimizer.state`` after a step (each storage once:
+  bitsandbytes shares its quantisation maps between parameters), per state key and per parameter;
+  the layout of one parameter's state; which tensors bitsandbytes leaves in 32-bit (``min_8bit_size``).
+* size: the same bytes on one large random layer, where the 8-bit saving reaches Dettmers et al.'s 75 %
+  and Adafactor's factored second moment (n + m floats for an n x m matrix) is almost nothing.
+* training: the same short fine-tune with each optimizer is the course loop's
+  ``TrainConfig(optimizer=...)`` (``training.make_optimizer``); nothing of it lives here.
+* accounting: bytes per parameter of mixed-precision training, ZeRO's way (Rajbhandari et al. 2020):
+  fp16 weights 2 + fp16 gradients 2 + fp32 master weights 4 + the optimizer's state.
+* Trainer: the optimizer class and arguments a ``TrainingArguments(optim=...)`` name resolves to.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Sequence
+
+import torch
+
+from course_lib.instruments.timing import time_fn
+from course_lib.training.optim import OPTIMIZERS, import_bitsandbytes, make_optimizer
+
+MIN_8BIT_SIZE = 4096  # bitsandbytes' default min_8bit_size: smaller tensors keep 32-bit state
+# Mixed-precision training as ZeRO counts it: bytes per parameter besides the optimizer's state.
+ZERO_BASE = {"weights (fp16)": 2, "gradients (fp16)": 2, "master weights (fp32)": 4}
+
+
+def _tensors(state: dict) -> Iterable[tuple[str, torch.Tensor]]:
+    return ((k, v) for k, v in state.items() if isinstance(v, torch.Tensor))
+
+
+def state_bytes(optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """Bytes of the optimizer's state per state key (``exp_avg``, ``state1``, ...), each storage once.
+
+    Read after a step (the state is created in the first ``step()``). Step counters (``step``: a
+    0-d tensor per parameter tensor in torch, a Python int in bitsandbytes) are left out, as in
+    ``instruments.memory.optimizer_state_bytes``; unlike it, a storage shared by several parameters
+    (bitsandbytes' quantisation maps ``qmap1``/``qmap2``) is counted once.
+    """
+    seen: set[tuple[str, int]] = set()
+    counted: dict[str, int] = {}
+    for state in optimizer.state.values():
+        for key, t in _tensors(state):
+            if key == "step":
+                continue
+            storage = (str(t.device), t.untyped_storage().data_ptr())
+            if t.numel() and storage in seen:  # bitsandbytes' qmap1/qmap2 are shared by all parameters
+                continue
+            seen.add(storage)
+            counted[key] = counted.get(key, 0) + t.numel() * t.element_size()
+    return counted
+
+
+def optimizer_params(optimizer: torch.optim.Optimizer) -> int:
+    """Number of parameters (elements) in all of the optimizer's parameter groups."""
+    return sum(p.numel() for group in optimizer.param_groups for p in group["params"])
+
+
+def state_summary(name: str, optimizer: torch.optim.Optimizer) -> dict:
+    """One table row: the state's bytes, bytes per parameter and the share of them in 8-bit (uint8)."""
+    total = sum(state_bytes(optimizer).values())
+    n = optimizer_params(optimizer)
+    eight_bit = sum(
+        t.numel() for s in optimizer.state.values() for _, t in _tensors(s) if t.dtype == torch.uint8
+    )
+    return {
+        "optimizer": name,
+        "state bytes": total,
+        "bytes/param": round(total / n, 3),
+        "state in 8-bit": f"{eight_bit / (2 * n):.1%}" if name == "adamw8bit" else "-",
+    }
+
+
+def state_layout(optimizer: torch.optim.Optimizer, param: torch.nn.Parameter) -> list[dict]:
+    """The state of one parameter: each entry's shape, dtype and bytes (Python numbers shown as such)."""
+    rows = []
+    for key, value in optimizer.state[param].items():
+        if isinstance(value, torch.Tensor):
+            dtype = str(value.dtype).removeprefix("torch.")
+            rows.append({"key": key, "shape": tuple(value.shape), "dtype": dtype, "bytes": value.nbytes})
+        else:
+            rows.append({"key": key, "shape": "-", "dtype": type(value).__name__, "bytes": 0})
+    return rows
+
+
+def adafactor_state_numel(shape: Sequence[int]) -> int:
+    """Elements of Adafactor's second-moment state for a parameter of ``shape`` (no first moment).
+
+    A matrix (n, m) keeps a row vector (n) and a column vector (m): n + m instead of Adam's n x m. A
+    tensor of more dimensions is factored over its last two; a vector keeps one value per element.
+    """
+    shape = tuple(shape)
+    if len(shape) < 2:
+        return math.prod(shape)
+    return math.prod(shape[:-1]) + math.prod(shape[:-2]) * shape[-1]
+
+
+def small_tensor_share(optimizer: torch.optim.Optimizer, min_8bit_size: int = MIN_8BIT_SIZE) -> dict:
+    """How many parameter tensors (and elements) are below ``min_8bit_size``: bitsandbytes keeps them 32-bit."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    small = [p for p in params if p.numel() < min_8bit_size]
+    return {
+        "tensors": len(params),
+        "small tensors": len(small),
+        "elements": sum(p.numel() for p in params),
+        "elements in small tensors": sum(p.numel() for p in small),
+    }
+
+
+def one_step(optimizer: torch.optim.Optimizer, params: Sequence[torch.nn.Parameter], seed: int = 0) -> None:
+    """One ``step()`` on random gradients (creates the state without a model's forward pass)."""
+    gen = torch.Generator().manual_seed(seed)
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=gen).to(p.device, p.dtype)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def weight_rms(model: torch.nn.Module) -> float:
+    """Median root-mean-square of the model's weight matrices (the scale Adafactor's steps are relative to)."""
+    values = [p.detach().float().pow(2).mean().sqrt().item() for p in model.parameters() if p.ndim >= 2]
+    if not values:
+        raise ValueError("The model has no weight matrices (parameters with 2 or more dimensions).")
+    return statistics.median(values)
+
+
+def step_seconds(
+    optimizer: torch.optim.Optimizer, params: Sequence[torch.nn.Parameter], repeat: int = 5
+) -> float:
+    """Median seconds of ``optimizer.step()`` alone (fixed random gradients; no forward or backward pass)."""
+    gen = torch.Generator().manual_seed(0)
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=gen).to(p.device, p.dtype)
+    seconds = time_fn(optimizer.step, warmup=1, repeat=repeat, device=params[0].device).median
+    optimizer.zero_grad(set_to_none=True)
+    return seconds
+
+
+def layer_state_rows(n: int, m: int, names: Sequence[str] = OPTIMIZERS) -> list[dict]:
+    """Bytes per parameter of each optimizer's state on one random ``Linear(m, n)`` weight (n x m), on the CPU."""
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(m, n, bias=False)
+    rows = []
+    for name in names:
+        optimizer = make_optimizer(layer, lr=1e-3, weight_decay=0.0, name=name)
+        one_step(optimizer, [layer.weight])
+        rows.append({"shape": f"{n} x {m}", **state_summary(name, optimizer)})
+        del optimizer
+    return rows
+
+
+def zero_bytes_per_param(state_bytes_per_param: float, base: dict[str, float] | None = None) -> dict:
+    """ZeRO's accounting of mixed-precision training per parameter: ``base`` + the optimizer's state.
+
+    ``base`` defaults to ``ZERO_BASE`` (fp16 weights 2, fp16 gradients 2, fp32 master weights 4).
+    With Adam's 8 bytes of state that is ZeRO's 16 bytes per parameter (K = 12 with the master copy).
+    """
+    row = dict(ZERO_BASE if base is None else base)
+    row["optimizer state"] = state_bytes_per_param
+    row["total"] = sum(row.values())
+    return row
+
+
+def trainer_optimizer(optim: str, output_dir: str, learning_rate: float = 5e-5) -> tuple[type, dict]:
+    """The optimizer class and keyword arguments ``Trainer`` builds for ``TrainingArguments(optim=...)``.
+
+    No model and no training: ``Trainer.get_optimizer_cls_and_kwargs`` reads only the arguments.
+    """
+    from transformers import Trainer, TrainingArguments
+
+    if "bnb" in optim or "8bit" in optim:
+        import_bitsandbytes()  # Trainer imports it: once quietly first
+    args = TrainingArguments(output_dir=output_dir, optim=optim, learning_rate=learning_rate)
+    return Trainer.get_optimizer_cls_and_kwargs(args)
+
+
+def describe_trainer_optimizer(optim: str, output_dir: str, learning_rate: float = 5e-5) -> dict:
+    """One table row: the ``optim=`` name, the class it builds and the arguments that tell them apart."""
+    cls, kwargs = trainer_optimizer(optim, output_dir, learning_rate)
+    shown = ("lr", "fused", "optim_bits", "relative_step", "scale_parameter")
+    return {
+        "optim=": optim,
+        "class": f"{cls.__module__}.{cls.__qualname__}",
+        "arguments": ", ".join(f"{k}={kwargs[k]}" for k in shown if k in kwargs),
+    }

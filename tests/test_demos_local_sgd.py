@@ -1,0 +1,174 @@
+"""course_lib.demos.local_sgd: counting what goes to the network, local SGD's averaging, lesson 05's launch.
+
+The fast tests run in this process, in a one-process gloo group (a FileStore: no network). The
+two-process test (``test_two_ranks_count_and_drift``) is in the slow tier.
+"""
+
+import copy
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel
+
+from course_lib.demos import local_sgd as L
+from course_lib.distributed import launch
+
+
+@pytest.fixture
+def group(tmp_path):
+    """A one-process gloo process group for the test, destroyed afterwards."""
+    if dist.is_initialized():
+        pytest.skip("a process group already exists in this process")
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def _net() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2))
+
+
+def _params(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+# --- arithmetic and averaging ------------------------------------------------------------------
+
+
+def test_comm_bytes_is_params_times_width_times_syncs():
+    assert L.comm_bytes(1000, 4, 32) == 128_000
+    assert L.comm_bytes(1000, 4, 32, sync_every=4) == 32_000
+    assert L.comm_bytes(1000, 2, 32) == 64_000
+    assert L.comm_bytes(1000, 4, 10, sync_every=4) == 8_000  # two syncs in 10 steps
+    assert L.comm_bytes(1000, 4, 3, sync_every=4) == 0
+    with pytest.raises(ValueError, match="sync_every >= 1"):
+        L.comm_bytes(1000, 4, 8, sync_every=0)
+
+
+def test_average_parameters_sets_every_replica_to_the_mean_and_keeps_them_independent():
+    models = [_net() for _ in range(3)]
+    with torch.no_grad():
+        for i, m in enumerate(models):
+            for p in m.parameters():
+                p.add_(float(i))  # replica i = base + i
+    base = _net()
+    L.average_parameters(models)
+    for m in models:
+        for p, b in zip(m.parameters(), base.parameters()):
+            torch.testing.assert_close(p, b + 1.0)  # mean of +0, +1, +2
+    with torch.no_grad():
+        next(models[0].parameters()).add_(5.0)
+    assert not torch.equal(next(models[0].parameters()), next(models[1].parameters()))
+
+
+# --- counting all-reduce -----------------------------------------------------------------------
+
+
+def test_comm_log_counts_payload_bytes_by_dtype():
+    log = L.CommLog()
+    log.record(torch.zeros(10))
+    log.record(torch.zeros(10, dtype=torch.float16))
+    assert (log.calls, log.bytes, log.dtypes) == (2, 60, {"float32", "float16"})
+
+
+def test_counting_all_reduce_counts_into_the_innermost_log_and_restores(group):
+    real = dist.all_reduce
+    outer, inner = L.CommLog(), L.CommLog()
+    with L.counting_all_reduce(outer):
+        dist.all_reduce(torch.ones(4))
+        with L.counting_all_reduce(inner):
+            dist.all_reduce(torch.ones(8))
+        dist.all_reduce(torch.ones(2, dtype=torch.float16))
+    dist.all_reduce(torch.ones(100))  # outside: not counted
+    assert (outer.calls, outer.bytes) == (2, 16 + 4)
+    assert (inner.calls, inner.bytes) == (1, 32)
+    assert dist.all_reduce is real
+
+
+def test_counting_hook_counts_what_ddp_sends_fp32_then_half_with_fp16(group):
+    sent = {}
+    for name in ("fp32", "fp16"):
+        model = DistributedDataParallel(_net())
+        log = L.CommLog()
+        model.register_comm_hook(log, L.counting_hook(L.comm_hook(name)))
+        for _ in range(3):
+            model(torch.randn(4, 16)).sum().backward()
+        sent[name] = log
+    n = _params(_net())
+    assert sent["fp32"].bytes == 3 * 4 * n and sent["fp32"].dtypes == {"float32"}
+    assert sent["fp16"].bytes == 3 * 2 * n and sent["fp16"].dtypes == {"float16"}
+    assert sent["fp32"].calls == sent["fp16"].calls >= 3
+
+
+def test_counting_hook_keeps_ddp_gradients(group):
+    reference = _net()
+    model = DistributedDataParallel(copy.deepcopy(reference))
+    model.register_comm_hook(L.CommLog(), L.counting_hook(default_hooks.allreduce_hook))
+    x = torch.randn(4, 16)
+    model(x).sum().backward()
+    reference(x).sum().backward()
+    for p, q in zip(model.module.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)  # one rank: the average is the local gradient
+
+
+def test_bf16_hook_is_refused_by_gloo(group):
+    assert L.bf16_hook_check().startswith("TypeError") and "NCCL" in L.bf16_hook_check()
+
+
+def test_unknown_names_raise():
+    with pytest.raises(ValueError, match="Unknown hook"):
+        L.comm_hook("int8")
+    with pytest.raises(ValueError, match="Unknown sync"):
+        L.Variant("x", sync="gossip")
+    with pytest.raises(ValueError, match="not a multiple"):
+        L.SyncDemo(variants=(L.Variant("x", "local_sgd", 3),), steps=8)
+
+
+def test_drift_series_drops_at_each_averaging():
+    drift = [
+        {"step": 1, "before": 1.0, "after": 1.0},
+        {"step": 2, "before": 2.0, "after": 0.0},
+        {"step": 3, "before": 1.5, "after": 1.5},
+    ]
+    assert L.drift_series(drift) == ([0.0, 1, 2, 2, 3], [0.0, 1.0, 2.0, 0.0, 1.5])
+
+
+# --- two real processes (slow tier) ------------------------------------------------------------
+
+
+def test_two_ranks_count_and_drift():
+    demo = L.SyncDemo(
+        variants=(
+            L.Variant("DDP"),
+            L.Variant("accum", "accum", 2),
+            L.Variant("local", "local_sgd", 2),
+            L.Variant("fp16", hook="fp16"),
+        ),
+        steps=4,
+        batch_size=2,
+        eval_rows=4,
+        eval_every=2,
+    )
+    ranks = launch(L.sync_worker, 2, args=(demo,), backend="gloo")
+    runs = {r["name"]: r for r in ranks[0]["runs"]}
+    n = runs["DDP"]["parameters"]
+    assert ranks[0]["distributed_type"].endswith("MULTI_CPU")
+    assert "NCCL" in ranks[0]["bf16_hook"]
+    assert runs["DDP"]["bytes"] == L.comm_bytes(n, 4, 4)
+    assert runs["accum"]["bytes"] == L.comm_bytes(n, 4, 4, 2) and runs["accum"]["optimizer_steps"] == 2
+    assert runs["local"]["bytes"] == L.comm_bytes(n, 4, 4, 2)
+    assert runs["local"]["calls"] == 2 * runs["local"]["parameter_tensors"]  # one all-reduce per tensor
+    assert runs["local"]["exit_bytes"] == L.comm_bytes(n, 4, 1)  # LocalSGD averages again on exit
+    assert runs["fp16"]["bytes"] == L.comm_bytes(n, 2, 4) and runs["fp16"]["dtypes"] == ["float16"]
+    assert all(r["same_at_end"] for r in runs.values())
+    drift = runs["local"]["drift"]
+    assert drift[0]["before"] > 0 and drift[0]["after"] == drift[0]["before"]  # step 1: no averaging
+    assert drift[1]["before"] > 0 and drift[1]["after"] == 0.0  # step 2: averaged, identical
+    assert all(d["moved"] > 0 and -1.0 <= d["cosine"] <= 1.0 for d in drift)
+    assert [p["step"] for p in runs["local"]["curve"]] == [0, 2, 4]
+    for a, b in zip(ranks[0]["runs"], ranks[1]["runs"]):
+        assert (a["calls"], a["bytes"]) == (b["calls"], b["bytes"])
+        assert a["curve"] == b["curve"]  # the validation loss is gathered from both ranks
