@@ -63,6 +63,7 @@ SLOW = (
     "tests/test_experiments.py::test_both_runs",
     "tests/test_experiments.py::test_cli",
     "tests/test_demos_local_sgd.py::test_two_ranks_count_and_drift",
+    "tests/test_recipe.py::test_quick_ladder",
 )
 
 

@@ -12,9 +12,11 @@ import nbformat
 import pytest
 
 from course_lib.benchmark import config as bench_config
+from course_lib.benchmark import recipe as recipe_report
 from course_lib.benchmark import report as bench_report
 from course_lib.cli import bench as bench_cli
 from course_lib.cli import experiments
+from course_lib.cli import recipe as recipe_cli
 from course_lib.tooling import nbtools, sections
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,11 +26,13 @@ MARKED = [
     ("README.md", "pretrained"),
     ("README.md", "bench"),
     ("docs/benchmark.md", "bench"),
+    ("README.md", "recipe"),
 ]
 CHECKERS = {
     "lessons": nbtools.check_committed,
     "pretrained": experiments.check_committed,
     "bench": bench_report.check_committed,
+    "recipe": recipe_report.check_committed,
 }
 
 
@@ -80,6 +84,10 @@ def _render_argv(root: Path) -> dict[str, tuple]:
             bench_cli.main,
             ["--from-json", str(results / "bench.json"), "--readme", str(root / "README.md")]
             + ["--readme", str(root / "docs/benchmark.md")],
+        ),
+        "recipe": (
+            recipe_cli.main,
+            ["--from-json", str(results / "recipe.json"), "--readme", str(root / "README.md")],
         ),
     }
 
@@ -152,6 +160,13 @@ def test_sections_check_passes_on_the_copy_and_lists_the_writers(repo, capsys):
         assert gen.render in out and gen.measure in out
 
 
+# The recipe table's first row as committed (re-measuring changes it): a tampered copy must be caught.
+_RECIPE_ROW = next(
+    line
+    for line in sections.read_block(ROOT / "README.md", "recipe").splitlines()
+    if line.startswith("| 1 |")
+)
+
 # Lesson 01's committed run time, as the README table and its header render it (re-measuring changes it).
 _L01 = json.loads((ROOT / "docs/results/lessons.json").read_text(encoding="utf-8"))["notebooks"]
 _L01 = int(f"{_L01['01_device_placement.ipynb']['seconds']:.0f}")
@@ -182,6 +197,13 @@ _L01 = int(f"{_L01['01_device_placement.ipynb']['seconds']:.0f}")
             '"final_loss": 0.7046',
             '"final_loss": 0.7047',
             "course_lib.cli.bench",
+        ),
+        (
+            "recipe",
+            "README.md",
+            _RECIPE_ROW,
+            _RECIPE_ROW.replace("| 1 |", "| 0 |", 1),
+            "course_lib.cli.recipe --from-json",
         ),
     ],
 )

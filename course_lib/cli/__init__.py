@@ -3,4 +3,5 @@
 train        fine-tune the course model on 1 or N processes (torchrun, accelerate launch)
 experiments  pretrained vs random init on the same budget (writes the README block)
 bench        the training benchmark: four implementations side by side
+recipe       time to a fixed accuracy, one efficiency change per rung (writes the README block)
 """

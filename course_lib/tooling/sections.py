@@ -225,6 +225,14 @@ GENERATED: tuple[Generated, ...] = (
         "python -m course_lib.cli.bench --json docs/results/bench.json --readme README.md --readme docs/benchmark.md",
         "course_lib.benchmark.report:check_committed",
     ),
+    Generated(
+        "recipe",
+        ("README.md",),
+        "docs/results/recipe.json",
+        "python -m course_lib.cli.recipe --from-json docs/results/recipe.json --readme README.md",
+        "python -m course_lib.cli.recipe --json docs/results/recipe.json --readme README.md",
+        "course_lib.benchmark.recipe:check_committed",
+    ),
 )
 
 

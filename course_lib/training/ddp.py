@@ -44,7 +44,7 @@ def sync_gradients(model, update: bool) -> AbstractContextManager:
 
 
 def set_epoch(dataloader, epoch: int) -> None:
-    """Tell a distributed sampler the epoch, so each one shuffles differently."""
-    sampler = getattr(dataloader, "sampler", None)
-    if hasattr(sampler, "set_epoch"):
-        sampler.set_epoch(epoch)
+    """Tell the loader's (batch) sampler the epoch, so each epoch shuffles differently."""
+    for sampler in (getattr(dataloader, "sampler", None), getattr(dataloader, "batch_sampler", None)):
+        if hasattr(sampler, "set_epoch"):  # a DistributedSampler, or a length-grouped batch sampler
+            sampler.set_epoch(epoch)
