@@ -2,7 +2,8 @@
 # Check every GPU path of the course on a machine with a CUDA GPU, in one call, and print one table:
 #   cuda placement, fp16 with GradScaler, bf16, torchrun with nccl (1 and N processes), the techniques
 #   of lessons 04-06 (8-bit AdamW, checkpointing; bf16 compression hook and local SGD with N GPUs),
-#   the benchmark on CUDA (--quick), and the lessons executed on the GPU (in a temporary copy).
+#   the benchmark on CUDA (--quick), the time-to-accuracy ladder on CUDA, and the lessons executed on
+#   the GPU (in a temporary copy).
 # Usage (from the repository root, with the course installed in .venv or the active Python):
 #   bash scripts/gpu_check.sh            # writes gpu-check/ (logs, summary.md) and prints the table
 #   OUT=/tmp/gpu bash scripts/gpu_check.sh
@@ -99,6 +100,8 @@ if [ "$NGPU" -gt 1 ]; then
 fi
 
 check bench-quick "$PY" -m course_lib.cli.bench --device cuda --quick --json "$OUT/bench.json" --markdown "$OUT/bench.md"
+# The time-to-accuracy ladder on the GPU: bf16 (or fp16) and torch.compile take their real turns there.
+check recipe "$PY" -m course_lib.cli.recipe --device cuda --json "$OUT/recipe.json" --markdown "$OUT/recipe.md"
 
 mkdir -p "$OUT/lessons"
 for nb in notebooks/0*.ipynb; do

@@ -24,6 +24,6 @@ def test_without_a_gpu_the_check_says_so_and_exits_2(tmp_path):
 
 def test_every_module_the_check_runs_exists():
     script = (ROOT / "scripts" / "gpu_check.sh").read_text()
-    for module in ("course_lib.cli.train", "course_lib.cli.bench"):
+    for module in ("course_lib.cli.train", "course_lib.cli.bench", "course_lib.cli.recipe"):
         assert f"-m {module}" in script
         assert (ROOT / (module.replace(".", "/") + ".py")).is_file(), module

@@ -114,15 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg, args = parse_args(argv)
         readmes = args.readme or []
-        for path in readmes:
-            sections.read_block(path, BENCH)  # a missing file or bad markers: say so before measuring
-        if args.check and not (args.from_json and readmes):
-            raise ValueError(
-                f"--check compares files with a record: add --from-json {BENCH_RECORD} and --readme FILE."
-            )
+        sections.check_writer_args(readmes, BENCH, BENCH_RECORD, args.check, args.from_json, args.json)
         if args.from_json:
-            if args.json:
-                raise ValueError("--json writes a new measurement; with --from-json nothing is measured.")
             record = sections.load_record(args.from_json, MEASURE_COMMAND)
             report = report_from_record(record)
         else:
@@ -138,16 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     rows = record["rows"]
     if args.check:
-        fix = f"python -m course_lib.cli.bench --from-json {args.from_json}" + "".join(
-            f" --readme {p}" for p in readmes
-        )
-        problems = [sections.check_block(path, BENCH, report, fix) for path in readmes]
-        for problem in filter(None, problems):
-            print(problem, file=sys.stderr)
-        if any(problems):
-            return 1
-        print(f"{', '.join(readmes)}: the {BENCH} section is up to date with {args.from_json}")
-        return 0
+        return sections.report_drift(readmes, BENCH, report, args.from_json, "python -m course_lib.cli.bench")
     checks = target_checks(rows)
     if not args.from_json:
         print("\n" + report)

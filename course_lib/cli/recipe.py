@@ -94,15 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg, args = parse_args(argv)
         readmes = args.readme or []
-        for path in readmes:
-            sections.read_block(path, RECIPE)  # a missing file or bad markers: say so before measuring
-        if args.check and not (args.from_json and readmes):
-            raise ValueError(
-                f"--check compares files with a record: add --from-json {RECIPE_RECORD} and --readme FILE."
-            )
+        sections.check_writer_args(readmes, RECIPE, RECIPE_RECORD, args.check, args.from_json, args.json)
         if args.from_json:
-            if args.json:
-                raise ValueError("--json writes a new measurement; with --from-json nothing is measured.")
             record = sections.load_record(args.from_json, MEASURE_COMMAND)
         else:
             print(format_machine(describe_machine()))
@@ -113,16 +106,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     if args.check:
-        fix = f"python -m course_lib.cli.recipe --from-json {args.from_json}" + "".join(
-            f" --readme {p}" for p in readmes
+        return sections.report_drift(
+            readmes, RECIPE, report, args.from_json, "python -m course_lib.cli.recipe"
         )
-        problems = [sections.check_block(path, RECIPE, report, fix) for path in readmes]
-        for problem in filter(None, problems):
-            print(problem, file=sys.stderr)
-        if any(problems):
-            return 1
-        print(f"{', '.join(readmes)}: the {RECIPE} section is up to date with {args.from_json}")
-        return 0
     if not args.from_json:
         print("\n" + report)
         json_path = args.json or (RECIPE_RECORD if readmes else None)

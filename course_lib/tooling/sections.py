@@ -169,6 +169,29 @@ def check_block(path: str | Path, name: str, body: str, fix: str) -> str | None:
     )
 
 
+def check_writer_args(readmes: list, name: str, record: str, check: bool, from_json, json_out) -> None:
+    """The argument rules every writer shares: a section's files exist with their markers (said before
+    any measuring), ``--check`` needs ``--from-json`` and ``--readme``, ``--json`` needs a measurement."""
+    for path in readmes:
+        read_block(path, name)
+    if check and not (from_json and readmes):
+        raise ValueError(f"--check compares files with a record: add --from-json {record} and --readme FILE.")
+    if from_json and json_out:
+        raise ValueError("--json writes a new measurement; with --from-json nothing is measured.")
+
+
+def report_drift(readmes: list, name: str, body: str, from_json, command: str) -> int:
+    """``--check``: compare each file's ``name`` section with ``body``; print what differs; exit status."""
+    fix = f"{command} --from-json {from_json}" + "".join(f" --readme {p}" for p in readmes)
+    problems = [check_block(path, name, body, fix) for path in readmes]
+    for problem in filter(None, problems):
+        print(problem, file=sys.stderr)
+    if any(problems):
+        return 1
+    print(f"{', '.join(str(p) for p in readmes)}: the {name} section is up to date with {from_json}")
+    return 0
+
+
 def load_record(path: str | Path, measure: str) -> dict:
     """The JSON record at ``path``; a missing one raises an error naming the command that writes it."""
     path = Path(path)
