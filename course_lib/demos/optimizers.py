@@ -36,9 +36,9 @@ def state_bytes(optimizer: torch.optim.Optimizer) -> dict[str, int]:
     """Bytes of the optimizer's state per state key (``exp_avg``, ``state1``, ...), each storage once.
 
     Read after a step (the state is created in the first ``step()``). Step counters (``step``: a
-    0-d tensor per parameter tensor in torch, a Python int in bitsandbytes) are left out, as in
-    ``instruments.memory.optimizer_state_bytes``; unlike it, a storage shared by several parameters
-    (bitsandbytes' quantisation maps ``qmap1``/``qmap2``) is counted once.
+    0-d tensor per parameter tensor in torch, a Python int in bitsandbytes) are left out, and a storage
+    shared by several parameters (bitsandbytes' quantisation maps ``qmap1``/``qmap2``) is counted once,
+    as in ``instruments.memory.optimizer_state_bytes``, whose total equals the sum of these.
     """
     seen: set[tuple[str, int]] = set()
     counted: dict[str, int] = {}
