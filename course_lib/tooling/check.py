@@ -207,6 +207,11 @@ def check_notebook(
     return report
 
 
+def _unsolved_hint(error: str) -> str:
+    """A pointer for the release's placeholder: an answer (or a function a test calls) not written yet."""
+    return "  <- not solved yet (まだ解答されていません)" if error.startswith("NotImplementedError") else ""
+
+
 def format_report(report: CheckReport) -> str:
     """The report as the lines the learner sees."""
     width = max([len(t.grade_id) for t in report.tests] + [10])
@@ -218,17 +223,12 @@ def format_report(report: CheckReport) -> str:
         status = "PASS" if t.passed else "FAIL"
         line = f"  {status}  {t.grade_id:<{width}}  {t.points:g} / {t.max_points:g}"
         if t.error and not t.passed:
-            line += f"   {t.error[:160]}"
+            line += f"   {t.error[:160]}{_unsolved_hint(t.error)}"
         lines.append(line)
     if report.answer_errors:
         lines += ["", "Answer cells that raised an error (解答セルのエラー):"]
         for grade_id, error in report.answer_errors.items():
-            hint = (
-                "  <- not solved yet (まだ解答されていません)"
-                if error.startswith("NotImplementedError")
-                else ""
-            )
-            lines.append(f"  {grade_id}: {error[:160]}{hint}")
+            lines.append(f"  {grade_id}: {error[:160]}{_unsolved_hint(error)}")
     if report.modified_cells:
         lines += [
             "",

@@ -39,7 +39,7 @@ def tier_mode() -> str:
 
     auto (default)  run where Chromium and Playwright are installed, else skip with one line
     require         fail where they are missing
-    full            require, and run lesson 01 too (its two training runs take minutes; CI sets this)
+    full            require, and Run All in lessons 01 and 03 too (minutes on 2 cores)
     off             skip the tier
     """
     mode = os.environ.get("COURSE_BROWSER_TESTS", "auto").strip().lower() or "auto"

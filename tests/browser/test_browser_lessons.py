@@ -31,6 +31,14 @@ def test_lesson_00_runs_clean(page, lab):
     assert not problems, "\n".join(problems)
 
 
+FULL_ONLY = pytest.mark.skipif(
+    tier_mode() != "full",
+    reason="long lessons in the browser (minutes on 2 cores) run with COURSE_BROWSER_TESTS=full; "
+    "nbval runs them in every `make test`, and tests/browser/test_browser_checks.py checks the explorer",
+)
+
+
+@FULL_ONLY
 def test_lesson_03_runs_clean_and_its_explorer_responds(page, lab):
     problems = run_lesson(page, lab, "03_mixed_precision", timeout_s=300)
     assert not problems, "\n".join(problems)
@@ -39,11 +47,7 @@ def test_lesson_03_runs_clean_and_its_explorer_responds(page, lab):
     check_explorer(found.first)
 
 
-@pytest.mark.skipif(
-    tier_mode() != "full",
-    reason="lesson 01 in the browser (two fine-tuning runs, minutes on 2 cores) runs with "
-    "COURSE_BROWSER_TESTS=full",
-)
+@FULL_ONLY
 def test_lesson_01_trains_with_progress_bar_widgets(page, lab):
     problems = run_lesson(page, lab, "01_device_placement", timeout_s=420)
     assert not problems, "\n".join(problems)
