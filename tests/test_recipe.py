@@ -207,8 +207,24 @@ def test_apply_changes_one_field_and_mixed_precision_takes_the_measured_choice()
     assert rungs.apply(ladder["mixed_precision"], base, "bf16").precision == "bf16"
     assert rungs.apply(ladder["large_batch"], base).batch_mult == 4
     assert [r.name for r in rungs.ladder()] == list(rungs.RUNG_NAMES)
+
+
+@pytest.mark.parametrize(
+    ("bf16_gflops", "native", "expected", "says"),
+    [
+        (240.0, True, "bf16", "2.40x fp32"),  # AMX / Zen 4
+        (110.0, True, "no", "1.10x fp32 here (not >= 1.15x)"),  # instructions, no gain
+        (25.0, False, "no", "0.25x fp32 here (not >= 1.15x; this CPU has no AVX512-BF16/AMX"),
+    ],
+)
+def test_rung_6_decides_from_the_measured_matmul_ratio(monkeypatch, bf16_gflops, native, expected, says):
+    from course_lib.instruments import throughput
+
+    measured = {torch.float32: 100.0, torch.bfloat16: bf16_gflops}
+    monkeypatch.setattr(throughput, "matmul_gflops", lambda dtype, *a, **k: {"gflops": measured[dtype]})
+    monkeypatch.setattr(rungs, "cpu_has_fast_bf16", lambda: native)
     precision, why = rungs.mixed_precision_choice(torch.device("cpu"))
-    assert precision in ("no", "bf16") and why
+    assert precision == expected and says in why, (precision, why)
 
 
 def test_cli_refuses_check_without_a_record_and_a_missing_record(tmp_path, capsys):

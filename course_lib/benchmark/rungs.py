@@ -22,7 +22,13 @@ from course_lib import data
 from course_lib.devices import seed_everything, to_device
 from course_lib.instruments.memory import TensorPeak
 from course_lib.instruments.timing import Stopwatch
-from course_lib.mixed_precision import FASTER, autocast_dtype, cpu_has_fast_bf16, precision_label
+from course_lib.mixed_precision import (
+    FASTER,
+    advise_precision,
+    autocast_dtype,
+    cpu_has_fast_bf16,
+    precision_label,
+)
 from course_lib.training import slides
 from course_lib.training.metrics import evaluate
 from course_lib.training.optim import fused_adamw_supported
@@ -74,8 +80,8 @@ RUNG_NAMES = tuple(r.name for r in ladder())
 def mixed_precision_choice(device: torch.device) -> tuple[str, str]:
     """``(precision, why)``: the mixed precision that pays on ``device``, or ``"no"`` and the reason.
 
-    On a CPU a matmul test decides, as ``mixed_precision.best_precision`` does (bf16 only where it runs
-    at least ``FASTER`` x fp32); the reason quotes the measured ratio.
+    On a CPU a matmul test decides with the course's one rule, ``mixed_precision.advise_precision``
+    (bf16 only where it runs at least ``FASTER`` x fp32); the reason quotes the measured ratio.
     """
     if device.type == "cuda":
         major, minor = torch.cuda.get_device_capability(device)
@@ -91,7 +97,7 @@ def mixed_precision_choice(device: torch.device) -> tuple[str, str]:
     fp32 = matmul_gflops(torch.float32, device, n=512)["gflops"]
     bf16 = matmul_gflops(torch.bfloat16, device, n=512)["gflops"]
     ratio = bf16 / fp32
-    if ratio >= FASTER:
+    if advise_precision("cpu", {"no": fp32, "bf16": bf16}).fastest == "bf16":
         return "bf16", f"bf16 matmuls measured {ratio:.2f}x fp32 here"
     if not cpu_has_fast_bf16():
         return "no", (
