@@ -12,7 +12,6 @@ from course_lib.devices import (
     get_device,
 )
 from course_lib.mixed_precision import best_precision, normalize_precision
-from course_lib.tooling import sections
 
 IMPLEMENTATIONS = ("pytorch", "accelerate", "trainer", "course")
 LABELS = {
@@ -28,7 +27,6 @@ MODEL_SIZES: dict[str, dict[str, int] | None] = {
     "base": {"dim": 768, "n_layers": 6, "n_heads": 12, "hidden_dim": 3072, "max_position_embeddings": 512},
 }
 BENCH = "bench"  # the generated section in README.md and docs/benchmark.md
-README_START, README_END = sections.markers(BENCH)
 BENCH_RECORD = Path("docs/results/bench.json")
 BENCH_FILES = ("README.md", "docs/benchmark.md")
 RENDER_COMMAND = (

@@ -117,7 +117,7 @@ def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = print) -> list[
         )
     precisions = cfg.precisions or default_precisions(device)
     machine = machine_summary(device)
-    load_start = _load_average()
+    load_start = load_average()
     peaks = matmul_peaks(precisions, device)
     for p, gflops in peaks.items():
         log(f"matmul peak {precision_label(p):>4}: {gflops:,.1f} GFLOP/s")
@@ -126,7 +126,7 @@ def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = print) -> list[
     rows: list[dict[str, Any]] = []
     for size in cfg.sizes:
         rows += _measure_size(size, cfg, device, precisions, dataset, peaks, log)
-    load = [load_start, _load_average()]
+    load = [load_start, load_average()]
     for row in rows:
         row["machine"] = machine
         row["load_average"] = load  # 1-minute load at start and end: other work on the machine skews times
@@ -233,7 +233,8 @@ def _measure_size(
     return rows
 
 
-def _load_average() -> float | None:
+def load_average() -> float | None:
+    """The 1-minute load average (None where the OS has none): above the core count, other work shared the CPU."""
     try:
         return round(os.getloadavg()[0], 2)
     except (OSError, AttributeError):

@@ -10,13 +10,14 @@ it. The recommended recipe is the last kept stack: the fastest measured on this 
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from course_lib.benchmark.harness import load_average, machine_summary
+from course_lib.benchmark.report import format_cell
 from course_lib.benchmark.rungs import (
     RUNG_NAMES,
     Stack,
@@ -112,10 +113,8 @@ def time_to(evals: list[dict[str, Any]], target: float) -> dict[str, Any] | None
 
 def run_ladder(cfg: RecipeConfig, log=print) -> dict[str, Any]:
     """Run the ladder per ``cfg``; return its record (settings, machine, target, a row per rung)."""
-    from course_lib.benchmark.harness import machine_summary
-
     device = get_device(cfg.device)
-    start, load = time.perf_counter(), [_load()]
+    start, load = time.perf_counter(), [load_average()]
     prepared = prepare(cfg)
     warm_up(prepared, cfg, device)
     stack, kept_time, target, rows = Stack(), None, cfg.target, []
@@ -164,7 +163,7 @@ def run_ladder(cfg: RecipeConfig, log=print) -> dict[str, Any]:
             seconds = f"{hit['seconds']:.1f} s to the target, not sooner than the {kept_time:.1f} s"
             row.update(status="dropped", reason=f"{seconds} of the stack before it")
         log(f"rung {number} {rung.name}: {row['status']} ({row['reason']})")
-    load.append(_load())
+    load.append(load_average())
     return {
         "about": RECIPE_ABOUT,
         "date": time.strftime("%Y-%m-%d"),
@@ -179,13 +178,6 @@ def run_ladder(cfg: RecipeConfig, log=print) -> dict[str, Any]:
         "recipe": describe(stack),
         "rows": rows,
     }
-
-
-def _load() -> float | None:
-    try:
-        return os.getloadavg()[0]
-    except OSError:
-        return None
 
 
 def record_config(record: dict[str, Any]) -> RecipeConfig:
@@ -227,9 +219,7 @@ def verdict(record: dict[str, Any]) -> list[str]:
 
 
 def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    return f"{value:{spec}}{suffix}"
+    return format_cell(value, spec, suffix, missing="-")  # a rung that did not run: "-"
 
 
 COLUMNS = (

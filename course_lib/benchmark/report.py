@@ -46,9 +46,10 @@ COLUMNS = (
 )
 
 
-def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
+def format_cell(value: float | None, spec: str, suffix: str = "", missing: str = "n/a") -> str:
+    """``value`` formatted for a table cell; ``missing`` for None or NaN (not measured)."""
     return (
-        "n/a"
+        missing
         if value is None or (isinstance(value, float) and math.isnan(value))
         else f"{value:{spec}}{suffix}"
     )
@@ -63,16 +64,16 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
             LABELS[r["implementation"]],
             precision_label(r["precision"]),
             "yes" if r["amp_active"] else "no",
-            _fmt(r["step_time_s"] * 1e3, ",.1f"),
-            _fmt(r["tokens_per_s"], ",.0f"),
-            _fmt(r["vs_pytorch"], ".2f", "x"),
-            _fmt(r["vs_fp32"], ".2f", "x"),
-            _fmt(r["peak_mem_mb"], ",.0f"),
-            _fmt(r.get("saved_for_backward_mb"), ",.1f"),
-            _fmt(r.get("optimizer_state_mb"), ",.1f"),
-            _fmt(r["achieved_gflops"], ",.1f"),
-            _fmt(100 * r["mfu"], ".1f", "%"),
-            _fmt(r["final_loss"], ".4f"),
+            format_cell(r["step_time_s"] * 1e3, ",.1f"),
+            format_cell(r["tokens_per_s"], ",.0f"),
+            format_cell(r["vs_pytorch"], ".2f", "x"),
+            format_cell(r["vs_fp32"], ".2f", "x"),
+            format_cell(r["peak_mem_mb"], ",.0f"),
+            format_cell(r.get("saved_for_backward_mb"), ",.1f"),
+            format_cell(r.get("optimizer_state_mb"), ",.1f"),
+            format_cell(r["achieved_gflops"], ",.1f"),
+            format_cell(100 * r["mfu"], ".1f", "%"),
+            format_cell(r["final_loss"], ".4f"),
         ]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(lines)
@@ -254,7 +255,7 @@ def plot(rows: Sequence[dict[str, Any]], path: str | Path) -> None:
                 if r:
                     xs.append(i + (j - (len(precisions) - 1) / 2) * width)
                     ys.append(r["tokens_per_s"])
-                    labels.append(_fmt(r.get("vs_pytorch"), ".2f", "x"))
+                    labels.append(format_cell(r.get("vs_pytorch"), ".2f", "x"))
             bars = ax.bar(xs, ys, width, label=precision_label(precision))
             ax.bar_label(bars, labels, fontsize=7, padding=2)
             top = max([top, *ys])

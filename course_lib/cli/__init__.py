@@ -5,3 +5,8 @@ experiments  pretrained vs random init on the same budget (writes the README blo
 bench        the training benchmark: four implementations side by side
 recipe       time to a fixed accuracy, one efficiency change per rung (writes the README block)
 """
+
+
+def comma_list(value: str) -> tuple[str, ...]:
+    """An argparse ``type``: ``"a, b,,c"`` -> ``("a", "b", "c")``."""
+    return tuple(v.strip() for v in value.split(",") if v.strip())

@@ -18,8 +18,6 @@ from course_lib.benchmark.config import (
     IMPLEMENTATIONS,
     MEASURE_COMMAND,
     MODEL_SIZES,
-    README_END,
-    README_START,
     BenchConfig,
     quick_config,
 )
@@ -31,15 +29,12 @@ from course_lib.benchmark.report import (
     target_checks,
     write_readme_section,
 )
+from course_lib.cli import comma_list
 from course_lib.devices import (
     describe_machine,
     format_machine,
 )
 from course_lib.tooling import sections
-
-
-def _csv(value: str) -> tuple[str, ...]:
-    return tuple(v.strip() for v in value.split(",") if v.strip())
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, argparse.Namespace]:
@@ -51,9 +46,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, argparse.Nam
         epilog="What each column means and how it is measured: docs/benchmark.md.",
     )
     p.add_argument("--quick", action="store_true", help="smoke test: tiny model, fp32+bf16, few steps")
-    p.add_argument("--sizes", type=_csv, help=f"comma-separated, from {', '.join(MODEL_SIZES)}")
-    p.add_argument("--precisions", type=_csv, help="comma-separated from no (fp32), bf16, fp16")
-    p.add_argument("--implementations", type=_csv, help=f"comma-separated, from {', '.join(IMPLEMENTATIONS)}")
+    p.add_argument("--sizes", type=comma_list, help=f"comma-separated, from {', '.join(MODEL_SIZES)}")
+    p.add_argument("--precisions", type=comma_list, help="comma-separated from no (fp32), bf16, fp16")
+    p.add_argument(
+        "--implementations", type=comma_list, help=f"comma-separated, from {', '.join(IMPLEMENTATIONS)}"
+    )
     p.add_argument("--batch-size", type=int)
     p.add_argument("--seq-len", type=int)
     p.add_argument("--steps", type=int, help="timed optimizer steps per run")
@@ -64,26 +61,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, argparse.Nam
     p.add_argument("--device", help="auto (default), cpu, cuda, mps")
     p.add_argument("--no-memory", action="store_true", help="skip peak memory (2 extra steps per row)")
     p.add_argument("--memory", action="store_true", help="measure peak memory even with --quick")
-    p.add_argument(
-        "--json",
-        metavar="PATH",
-        help=f"write the run's record (rows, settings, machine), e.g. {BENCH_RECORD}",
-    )
-    p.add_argument("--markdown", metavar="PATH", help="write the markdown report")
-    p.add_argument("--plot", metavar="PATH", help="write a bar chart (PNG)")
-    p.add_argument(
-        "--readme",
-        metavar="PATH",
-        action="append",
-        help=f"put the report between {README_START} and {README_END} of this file (repeatable); "
-        f"after measuring, the record goes to --json or {BENCH_RECORD}",
-    )
-    p.add_argument(
-        "--from-json",
-        metavar="PATH",
-        help="no measuring: render --readme/--markdown/--plot from this record (measuring flags are ignored)",
-    )
-    p.add_argument("--check", action="store_true", help="with --from-json: only compare the --readme files")
+    sections.add_writer_arguments(p, BENCH, BENCH_RECORD, plot="a bar chart")
     args = p.parse_args(argv)
     overrides = {
         name: getattr(args, name)

@@ -24,12 +24,9 @@ from course_lib.benchmark.recipe import (
     write_readme_section,
 )
 from course_lib.benchmark.rungs import RUNG_NAMES
+from course_lib.cli import comma_list
 from course_lib.devices import describe_machine, format_machine
 from course_lib.tooling import sections
-
-
-def _csv(value: str) -> tuple[str, ...]:
-    return tuple(v.strip() for v in value.split(",") if v.strip())
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[RecipeConfig, argparse.Namespace]:
@@ -54,7 +51,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[RecipeConfig, argparse.Na
     p.add_argument("--tolerance", type=float, help="target = the slides' loop's final accuracy minus this")
     p.add_argument("--target", type=float, help="a fixed target accuracy instead")
     p.add_argument("--large-batch", type=int, help="batch multiple of the last rung")
-    p.add_argument("--rungs", type=_csv, help=f"comma-separated, from {', '.join(RUNG_NAMES)}")
+    p.add_argument("--rungs", type=comma_list, help=f"comma-separated, from {', '.join(RUNG_NAMES)}")
     p.add_argument(
         "--stop-at-target", action="store_true", help="end each rung after rung 1 on reaching the target"
     )
@@ -62,20 +59,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[RecipeConfig, argparse.Na
     p.add_argument("--memory", action="store_true", help="measure peak memory even with --quick")
     p.add_argument("--seed", type=int)
     p.add_argument("--device", help="auto (default), cpu, cuda, mps")
-    p.add_argument("--json", metavar="PATH", help=f"write the run's record, e.g. {RECIPE_RECORD}")
-    p.add_argument("--markdown", metavar="PATH", help="write the markdown report")
-    p.add_argument("--plot", metavar="PATH", help="write the ladder chart (PNG)")
-    p.add_argument(
-        "--readme",
-        metavar="PATH",
-        action="append",
-        help=f"put the report between the {RECIPE} markers of this file (repeatable); after measuring, the "
-        f"record goes to --json or {RECIPE_RECORD}",
-    )
-    p.add_argument(
-        "--from-json", metavar="PATH", help="no measuring: render --readme/--markdown/--plot from this record"
-    )
-    p.add_argument("--check", action="store_true", help="with --from-json: only compare the --readme files")
+    sections.add_writer_arguments(p, RECIPE, RECIPE_RECORD, plot="the ladder chart")
     args = p.parse_args(argv)
     names = ("epochs", "batch_size", "lr", "eval_every", "train_rows", "eval_rows", "tolerance", "target")
     names += ("large_batch", "rungs", "seed", "device")

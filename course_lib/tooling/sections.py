@@ -169,6 +169,32 @@ def check_block(path: str | Path, name: str, body: str, fix: str) -> str | None:
     )
 
 
+def add_writer_arguments(parser: argparse.ArgumentParser, name: str, record: str, plot: str) -> None:
+    """The output flags every measuring writer shares: --json, --markdown, --plot, --readme, --from-json,
+    --check (the rules between them: ``check_writer_args``)."""
+    start, end = markers(name)
+    parser.add_argument(
+        "--json", metavar="PATH", help=f"write the run's record (settings, machine, rows), e.g. {record}"
+    )
+    parser.add_argument("--markdown", metavar="PATH", help="write the markdown report")
+    parser.add_argument("--plot", metavar="PATH", help=f"write {plot} (PNG)")
+    parser.add_argument(
+        "--readme",
+        metavar="PATH",
+        action="append",
+        help=f"put the report between {start} and {end} of this file (repeatable); after measuring, the "
+        f"record goes to --json or {record}",
+    )
+    parser.add_argument(
+        "--from-json",
+        metavar="PATH",
+        help="no measuring: render --readme/--markdown/--plot from this record (measuring flags are ignored)",
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="with --from-json: only compare the --readme files"
+    )
+
+
 def check_writer_args(readmes: list, name: str, record: str, check: bool, from_json, json_out) -> None:
     """The argument rules every writer shares: a section's files exist with their markers (said before
     any measuring), ``--check`` needs ``--from-json`` and ``--readme``, ``--json`` needs a measurement."""
