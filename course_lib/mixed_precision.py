@@ -204,7 +204,9 @@ def check_precision(precision: str | None, device: torch.device | str | None = N
             PrecisionWarning,
             stacklevel=2,
         )
-    elif p == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+    elif (
+        p == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported(including_emulation=False)
+    ):
         warnings.warn(
             "This GPU has no native bf16 support (needs compute capability 8.0+): use 'fp16'.",
             PrecisionWarning,

@@ -112,7 +112,11 @@ def check_choice(value: str, choices, what: str, flag: str) -> str:
 def default_precisions(device: torch.device) -> tuple[str, ...]:
     """Precisions worth measuring on ``device``: fp32, plus bf16 where native, plus fp16 on GPUs."""
     if device.type == "cuda":
-        return ("no", "bf16", "fp16") if torch.cuda.is_bf16_supported() else ("no", "fp16")
+        return (
+            ("no", "bf16", "fp16")
+            if torch.cuda.is_bf16_supported(including_emulation=False)
+            else ("no", "fp16")
+        )
     if device.type == "mps":
         return ("no", "fp16")
     return ("no", "bf16") if best_precision(device, measure=False) == "bf16" else ("no",)
