@@ -35,7 +35,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path[:0] = [str(NETGUARD), str(PLUGINS)]
 import sitecustomize  # noqa: E402,F401  (installs the guard in this process)
 
-pytest_plugins = ["nbval_budget"]
+pytest_plugins = ["nbval_budget", "nbval_stderr"]
 
 # Node-id prefixes of the slow tier: each takes from several seconds to minutes on 2 cores.
 SLOW = (

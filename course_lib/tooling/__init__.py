@@ -4,6 +4,7 @@ release       generate the student release ``exercises/`` from ``solutions/``; c
 check         a learner's self-check of an exercise notebook (``make check NB=...``)
 grading       nbgrader preprocessors the course's grading uses (``nbgrader_config.py``)
 nbtools       execute lessons in place, strip metadata, detect stale outputs, record run times
+freshness     what a lesson's outputs depend on (its course_lib modules, pinned libraries); explained stderr
 sections      generated sections of the docs: one writer each, rendered from a record, drift checks
 build_assets  rebuild the embedded pretrained checkpoint (about 17 minutes on 2 CPU cores)
 """

@@ -7,9 +7,12 @@
     python -m course_lib.tooling.nbtools render notebooks/*.ipynb --readme README.md   # re-render, no running
     python -m course_lib.tooling.nbtools render notebooks/*.ipynb --readme README.md --check  # drift? (exit 1)
 
-``execute`` stamps ``metadata.course.source_hash``: a hash of every code cell's source at the time
-the outputs were produced. ``check`` (and the test suite) fails when code changed after that, i.e.
-when the committed outputs no longer belong to the code beside them.
+``execute`` stamps ``metadata.course``: ``source_hash``, a hash of every code cell's source at the
+time the outputs were produced, and ``library``, a fingerprint of every ``course_lib`` module the
+lesson runs and of the pinned libraries' versions (``freshness.library_stamp``). ``check`` (and the
+test suite) fails when either changed after that, i.e. when the committed outputs no longer belong to
+the code that produced them. ``execute`` also fails (exit 1, outputs kept) when a cell wrote to stderr
+something that ``tests/explained_stderr.toml`` does not explain.
 
 Run times: ``execute --readme README.md`` records each notebook's seconds, machine and date in
 ``docs/results/lessons.json`` (``--json`` for another path), then renders from that record the
@@ -34,7 +37,7 @@ from typing import Any
 
 import nbformat
 
-from course_lib.tooling import sections
+from course_lib.tooling import freshness, sections
 
 KEEP_NOTEBOOK_METADATA = ("kernelspec", "language_info", "nbgrader", "course")
 KEEP_CELL_METADATA = ("nbgrader", "tags")
@@ -100,7 +103,7 @@ def execute(path: Path, timeout: int = 600) -> float:
     ).execute()
     seconds = time.perf_counter() - start
     clean(nb)
-    nb.metadata["course"] = {"source_hash": source_hash(nb)}
+    nb.metadata["course"] = {"source_hash": source_hash(nb), "library": freshness.library_stamp(nb)}
     nbformat.write(nb, path)
     return seconds
 
@@ -112,6 +115,11 @@ def stale_reason(nb: nbformat.NotebookNode) -> str | None:
         return "it was never executed with `python -m course_lib.tooling.nbtools execute`"
     if stamped != source_hash(nb):
         return "its code changed after its outputs were produced"
+    changed = freshness.stale_modules(nb)
+    if changed is None:
+        return "it was executed before the course_lib code it runs was stamped"
+    if changed:
+        return f"what it runs changed after its outputs were produced: {', '.join(changed)}"
     counts = [c.get("execution_count") for c in nb.cells if c.cell_type == "code" and c.source.strip()]
     if counts != list(range(1, len(counts) + 1)):
         return "its cells were not run once each, top to bottom, in a fresh kernel"
@@ -297,6 +305,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "execute":
             seconds = times[path.name] = execute(path, args.timeout)
             print(json.dumps({"notebook": str(path), "seconds": round(seconds, 1)}))
+            unexplained = freshness.unexplained_stderr(nbformat.read(path, as_version=4), path.name)
+            for line in unexplained:
+                print(
+                    f"{path}: unexplained stderr in {line}\n  Silence it in the lesson, or explain it in "
+                    f"{freshness.EXPLAINED_STDERR.relative_to(freshness.ROOT)} (pattern, why, lessons).",
+                    file=sys.stderr,
+                )
+            status = max(status, 1 if unexplained else 0)
         elif args.command == "clean":
             nb = clean(nbformat.read(path, as_version=4))
             nbformat.write(nb, path)
