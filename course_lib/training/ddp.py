@@ -28,9 +28,14 @@ def register_comm_hook(model, name: str = "none") -> None:
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
     if name == "bf16" and dist.get_backend() != "nccl":
+        import torch
+
         raise ValueError(
-            f"The bf16 compression hook needs the NCCL backend (GPUs); this run uses {dist.get_backend()}. "
-            "Use --comm-hook fp16 on CPUs (gloo), or none."
+            f"The course runs the bf16 compression hook on the NCCL backend (GPUs) only; this run uses "
+            f"{dist.get_backend()}. PyTorch's DDP itself accepts bf16_compress_hook only in a build with CUDA "
+            f"and NCCL 2.10+ (or XPU and XCCL), whatever the backend; this build: CUDA {torch.version.cuda}, "
+            f"NCCL {'available' if dist.is_nccl_available() else 'not available'}. "
+            "Use --comm-hook fp16 (any backend and build), or none."
         )
     hook = default_hooks.bf16_compress_hook if name == "bf16" else default_hooks.fp16_compress_hook
     model.register_comm_hook(state=None, hook=hook)
