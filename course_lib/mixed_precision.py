@@ -55,15 +55,13 @@ def _usable(device_type: str, capability: tuple[int, int] | None) -> dict[str, s
     """Precisions that cannot train well on this kind of device, and why (fp32 always can)."""
     why: dict[str, str] = {}
     if device_type == "cpu":
-        why["fp16"] = (
-            "fp16 on a CPU: Accelerate and Trainer silently train in fp32, and most CPUs lack fp16 math"
-        )
+        why["fp16"] = "CPU では Accelerate と Trainer が FP16 の指定を黙って無視し、FP32 で学習します"
     elif device_type == "cuda" and capability is not None and capability[0] < 8:
         why["bf16"] = (
-            f"bf16 needs a GPU of compute capability 8.0+ (this one is {capability[0]}.{capability[1]})"
+            f"BF16 には compute capability 8.0 以上の GPU が必要です（この GPU は {capability[0]}.{capability[1]}）"
         )
     elif device_type == "mps":
-        why["bf16"] = "bf16 autocast on Apple GPUs is new and patchy: the course uses fp16 there"
+        why["bf16"] = "Apple の GPU の BF16 autocast は新しく対応が不完全なので、コースは FP16 を使います"
     return why
 
 
@@ -84,32 +82,32 @@ class PrecisionAdvice:
     safe_default: str
 
     def verdict(self, precision: str) -> str:
-        """One phrase: faster / slower / about as fast as fp32 here, or why it is not used here."""
+        """One Japanese phrase for the lessons: faster / slower / about as fast as fp32 here, or why not used."""
         p = normalize_precision(precision)
-        label = PRECISIONS[p].label
+        label = PRECISIONS[p].label.upper()
         if p == "no":
-            return "fp32: the reference"
+            return "FP32: 基準"
         speed = self.speedups.get(p)
         measured = (
             ""
             if speed is None
             else (
-                f"{speed:.2f}x fp32, faster here"
+                f"FP32 の {speed:.2f} 倍（このマシンでは速い）"
                 if speed >= FASTER
-                else f"{speed:.2f}x fp32, slower here"
+                else f"FP32 の {speed:.2f} 倍（このマシンでは遅い）"
                 if speed <= SLOWER
-                else f"{speed:.2f}x fp32, about as fast here"
+                else f"FP32 の {speed:.2f} 倍（このマシンでは FP32 とほぼ同じ）"
             )
         )
         if p in self.unusable:
-            return f"{label}: {measured + '; ' if measured else ''}not used for training here ({self.unusable[p]})"
-        return f"{label}: {measured or 'not measured'}"
+            return f"{label}: {measured + '。' if measured else ''}このマシンではトレーニングに使いません（{self.unusable[p]}）"
+        return f"{label}: {measured or '未計測'}"
 
     def summary(self) -> str:
-        """The verdict of every precision, the fastest and the safe default, as lines of text."""
+        """The verdict of every precision, the fastest and the safe default, as Japanese lines of text."""
         lines = [self.verdict(p) for p in PRECISIONS if p == "no" or p in self.speedups or p in self.unusable]
-        lines.append(f"fastest here: {PRECISIONS[self.fastest].label}")
-        lines.append(f"safe default here: {PRECISIONS[self.safe_default].label}")
+        lines.append(f"このマシンで最速: {PRECISIONS[self.fastest].label.upper()}")
+        lines.append(f"このマシンの既定: {PRECISIONS[self.safe_default].label.upper()}")
         return "\n".join(lines)
 
 

@@ -83,15 +83,37 @@ MACHINES = {
     "older_gpu": ("cuda", {"no": 14000.0, "fp16": 110000.0, "bf16": 14000.0}, (7, 0)),
 }
 EXPECTED = {  # machine: (fastest, safe default, phrases the summary must contain)
-    "intel_no_amx": ("no", "no", ["bf16: 0.50x fp32, slower here", "fp16: 0.94x fp32, about as fast here"]),
-    "intel_amx": ("bf16", "bf16", ["bf16: 5.00x fp32, faster here", "not used for training here"]),
-    "amd_zen4": ("bf16", "bf16", ["bf16: 2.29x fp32, faster here", "fp16: 0.00x fp32, slower here"]),
-    "apple_mps": ("fp16", "fp16", ["fp16: 1.67x fp32, faster here"]),
-    "ampere_gpu": ("bf16", "bf16", ["bf16: 7.89x fp32, faster here", "fp16: 7.89x fp32, faster here"]),
+    "intel_no_amx": (
+        "no",
+        "no",
+        [
+            "BF16: FP32 の 0.50 倍（このマシンでは遅い）",
+            "FP16: FP32 の 0.94 倍（このマシンでは FP32 とほぼ同じ）",
+        ],
+    ),
+    "intel_amx": (
+        "bf16",
+        "bf16",
+        ["BF16: FP32 の 5.00 倍（このマシンでは速い）", "トレーニングに使いません"],
+    ),
+    "amd_zen4": (
+        "bf16",
+        "bf16",
+        ["BF16: FP32 の 2.29 倍（このマシンでは速い）", "FP16: FP32 の 0.00 倍（このマシンでは遅い）"],
+    ),
+    "apple_mps": ("fp16", "fp16", ["FP16: FP32 の 1.67 倍（このマシンでは速い）"]),
+    "ampere_gpu": (
+        "bf16",
+        "bf16",
+        ["BF16: FP32 の 7.89 倍（このマシンでは速い）", "FP16: FP32 の 7.89 倍（このマシンでは速い）"],
+    ),
     "older_gpu": (
         "fp16",
         "fp16",
-        ["fp16: 7.86x fp32, faster here", "bf16 needs a GPU of compute capability 8.0+"],
+        [
+            "FP16: FP32 の 7.86 倍（このマシンでは速い）",
+            "BF16 には compute capability 8.0 以上の GPU が必要です",
+        ],
     ),
 }
 
@@ -106,7 +128,7 @@ def test_precision_advice_follows_the_measurement_on_every_kind_of_machine(machi
     for phrase in phrases:
         assert phrase in text, text
     if device_type == "cpu":
-        assert "fp16: " in text and "not used for training here" in text  # never fp16 on a CPU
+        assert "FP16: " in text and "トレーニングに使いません" in text  # never fp16 on a CPU
         assert advice.fastest != "bf16" or advice.speedups["bf16"] >= mp.FASTER  # bf16 only where faster
 
 
