@@ -18,12 +18,12 @@ checkpoints      save and resume a (distributed) run: safetensors, written atomi
 tables           plain-text tables for notebook output
 plots            loss curves, evaluations and bar charts of measured speed and memory
 widgets          ipywidgets explorers with a text fallback
-training/        the canonical loop and its techniques (amp, accelerator, accum, ddp, clip, resume)
-instruments/     step time, throughput and MFU, peak memory: each defined once
-demos/           lesson demonstrations: pretraining (01), data parallelism (02)
-benchmark/       the training benchmark: four implementations of one step, side by side
-cli/             ``python -m course_lib.cli.train`` / ``.experiments`` / ``.bench``
-tooling/         course maintenance: release, self-check, grading, notebooks, sections, assets
+training/        the course's one way to train, a file per technique (its own map names them)
+instruments/     each measured quantity, defined once (its own map names them)
+demos/           what one lesson demonstrates, a module per lesson (its own map names them)
+benchmark/       the benchmark and the time-to-accuracy ladder behind the ``cli`` programs
+cli/             command-line programs: ``python -m course_lib.cli.<name>`` (its own map names them)
+tooling/         what maintainers and instructors run (its own map names them)
 """
 
 __version__ = "0.1.0"

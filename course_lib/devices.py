@@ -121,10 +121,11 @@ def format_machine(info: Mapping[str, Any] | None = None) -> str:
 
 
 def seed_everything(seed: int = 0) -> None:
-    """Seed Python, NumPy and torch (all devices)."""
+    """Seed Python, NumPy and torch (all devices), and the hash seed of child processes."""
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+    # str hashing of this process was fixed at its start; this seeds only the processes it starts later
     os.environ["PYTHONHASHSEED"] = str(seed)
 
 

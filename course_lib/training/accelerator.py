@@ -39,7 +39,12 @@ class AcceleratorSteps:
         self.accelerator.unscale_gradients(optimizer)
 
     def step(self, optimizer, history) -> None:
-        optimizer.step()  # a prepared optimizer steps through the Accelerator's GradScaler
+        """``optimizer.step()`` through the Accelerator's GradScaler, a skipped fp16 step recorded."""
+        optimizer.step()  # a prepared optimizer runs scaler.step + scaler.update itself
+        scaler = self.accelerator.scaler  # None unless fp16 on a GPU
+        if scaler is not None and scaler.is_enabled():
+            history.scaler_scales.append(scaler.get_scale())
+            history.skipped_steps += int(optimizer.step_was_skipped)  # inf/nan gradients: no update
 
     def eval_args(self) -> dict:
         return {"accelerator": self.accelerator}
@@ -69,5 +74,5 @@ def fresh_accelerator(**kwargs):
 
 
 def amp_is_active(accelerator) -> bool:
-    """Whether an ``Accelerator`` really runs autocast (False for fp16 on CPU, see PITFALLS)."""
+    """Whether an ``Accelerator`` really runs autocast (False for fp16 on a CPU: Accelerate ignores it)."""
     return bool(getattr(accelerator, "native_amp", False)) and accelerator.mixed_precision != "no"

@@ -25,7 +25,7 @@ def accuracy_f1(preds: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
 
 
 @torch.no_grad()
-def evaluate(model, dataloader, precision: str = "no", accelerator=None, device=None) -> dict[str, float]:
+def evaluate(model, dataloader, precision: str = "no", accelerator=None) -> dict[str, float]:
     """Mean loss, accuracy and F1 of ``model`` on ``dataloader`` (all processes' rows gathered).
 
     With an ``accelerator`` the prepared model autocasts itself and predictions are gathered from

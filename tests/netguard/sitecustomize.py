@@ -1,6 +1,6 @@
 """Fail loudly on any network connection that leaves this machine (tests run offline).
 
-Put on PYTHONPATH by tests/conftest.py, so every Python process the tests start (notebook kernels,
+Put on PYTHONPATH by the repository's conftest.py, so every Python process the tests start (notebook kernels,
 torchrun workers, nbgrader) carries the guard too. Loopback and Unix sockets stay allowed.
 """
 
