@@ -1,7 +1,6 @@
 """The instruments: step time, throughput and peak memory (course_lib.instruments), and text tables."""
 
 import math
-import statistics
 
 import pytest
 import torch
@@ -29,9 +28,33 @@ def test_step_probe_measures_tensor_memory_of_the_first_step_on_cpu():
     for _ in range(3):
         probe.tick()
     assert len(probe.step_times) == 4
-    assert probe.median_step_time() == statistics.median(probe.step_times[1:])  # warm-up skipped
     assert probe.peak_mb < 9.0  # only the first step is measured
     del b
+
+
+class ScriptedClock:
+    """A stand-in for the ``time`` module: ``perf_counter`` returns the given readings in turn."""
+
+    def __init__(self, readings):
+        self.readings = list(readings)
+
+    def perf_counter(self):
+        return self.readings.pop(0)
+
+
+def test_step_probe_times_each_step_and_its_median_skips_the_warm_up(monkeypatch):
+    from course_lib.instruments import timing
+
+    # start at 0; each tick reads the clock twice (the lap ends, the next one starts): steps 5, 1, 2, 6 s.
+    clock = ScriptedClock([0.0, 5.0, 5.0, 6.0, 6.0, 8.0, 8.0, 14.0, 14.0])
+    monkeypatch.setattr(timing, "time", clock)
+    probe = StepProbe("cpu", measure_memory=False)
+    probe.start()
+    for _ in range(4):
+        probe.tick()
+    assert probe.step_times == [5.0, 1.0, 2.0, 6.0] and clock.readings == []
+    assert probe.median_step_time() == 2.0  # median of 1, 2, 6 (not their mean, 3; the 5 s warm-up left out)
+    assert probe.median_step_time(skip=0) == 3.5  # with the warm-up step
 
 
 def test_a_probe_recovers_from_a_loop_that_failed_before_its_first_tick():
@@ -63,16 +86,18 @@ def test_median_skips_warm_up_unless_that_leaves_nothing():
     assert math.isnan(median([]))
 
 
-def test_stopwatch_laps_add_up_and_time_fn_counts_its_calls():
+def test_stopwatch_laps_are_the_time_between_readings_and_time_fn_counts_its_calls(monkeypatch):
+    from course_lib.instruments import timing
+
     watch = Stopwatch("cpu")
     with pytest.raises(RuntimeError, match="start"):
         watch.lap()
+    monkeypatch.setattr(timing, "time", ScriptedClock([10.0, 10.5, 10.75, 12.75]))
     watch.start()
-    laps = [watch.lap() for _ in range(3)]
-    assert all(lap >= 0 for lap in laps) and watch.last >= watch.now() - 1.0
+    assert [watch.lap() for _ in range(3)] == [0.5, 0.25, 2.0]
+    monkeypatch.undo()
     calls = []
-    timing = time_fn(lambda: calls.append(1), warmup=2, repeat=5)
-    assert len(calls) == 7 and len(timing.times) == 5
-    assert timing.median == statistics.median(timing.times)
+    result = time_fn(lambda: calls.append(1), warmup=2, repeat=5)
+    assert len(calls) == 7 and len(result.times) == 5  # the median itself: tests/test_bench.py, faked clock
     with pytest.raises(ValueError, match="repeat must be >= 1"):
         time_fn(lambda: None, repeat=0)

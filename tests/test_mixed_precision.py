@@ -149,7 +149,26 @@ def test_best_precision_on_cpu_measures_by_default(monkeypatch):
     assert mp.best_precision("cpu", measure=False) == "bf16"
 
 
-def test_advise_measures_this_machine():
+def test_advise_measures_this_machine_and_decides_from_those_measurements(monkeypatch):
+    import course_lib.instruments.throughput as throughput
+
+    real, measured = throughput.matmul_gflops, {}
+
+    def spy(dtype, device=None, n=None, **kwargs):
+        result = real(dtype, device, n=n, **kwargs)
+        measured[dtype] = (torch.device(device).type, n, result["gflops"])
+        return result
+
+    monkeypatch.setattr(throughput, "matmul_gflops", spy)
     advice = mp.advise("cpu")
-    assert set(advice.speedups) == {"fp16", "bf16"} and advice.device_type == "cpu"
-    assert advice.safe_default in ("no", "bf16") and advice.fastest in ("no", "bf16")
+    assert set(measured) == {torch.float32, torch.bfloat16, torch.float16}  # really measured, all three
+    assert {device for device, _, _ in measured.values()} == {"cpu"}
+    fp32 = measured[torch.float32][2]
+    assert advice.speedups == {
+        "fp16": measured[torch.float16][2] / fp32,
+        "bf16": measured[torch.bfloat16][2] / fp32,
+    }
+    # The course's rule, whatever this CPU measured: fp16 never on a CPU, bf16 only at FASTER x fp32.
+    bf16_pays = advice.speedups["bf16"] >= mp.FASTER
+    assert (advice.fastest, advice.safe_default) == (("bf16", "bf16") if bf16_pays else ("no", "no"))
+    assert "fp16" in advice.unusable and advice.device_type == "cpu"
