@@ -2,7 +2,8 @@
 
 * memory: the activation bytes autograd saves for backward (``saved_tensors_hooks``), by dtype, in
   fp32 and under autocast; what stays 32-bit (weights, gradients, AdamW state) read from the tensors;
-  what casting the whole model does to weight memory, and what it costs (small updates lost).
+  what casting the whole model does to weight memory, and what it costs (small updates lost); the
+  16-bit weight copies autocast caches for the length of an ``autocast`` block.
 * communication: the bytes DDP's all-reduce really sends per step, counted in two real processes,
   with the default hook (fp32) and with a compression hook (``fp16_compress_hook``; ``bf16_compress_hook``
   needs NCCL, i.e. GPUs); the parameters after the same steps.
@@ -52,6 +53,49 @@ def saved_activation_bytes(model: torch.nn.Module, batch: dict, precision: str =
     loss.backward()
     model.zero_grad(set_to_none=True)
     return dict(counted)
+
+
+def autocast_weight_copies(
+    model: torch.nn.Module, batch: dict, precision: str = "bf16", cache_enabled: bool = True
+) -> dict:
+    """The 16-bit weight copies autocast saves for backward, over two forward passes in one block.
+
+    Returns ``{"copies", "bytes", "reused"}``: how many weight matrices the first pass saved as a
+    16-bit copy, their bytes, and whether the second pass saved the very same copies (autocast caches
+    each cast weight until the outermost ``autocast`` block exits; ``cache_enabled=False`` turns that off).
+    """
+    device = next(model.parameters()).device
+    batch = to_device(batch, device)
+    dtype = autocast_dtype(precision)
+    casts = [p.detach().to(dtype) for p in model.parameters() if p.dim() == 2]
+    passes: list[dict[int, int]] = [{}, {}]
+    current = passes[0]
+
+    def pack(t: torch.Tensor):
+        if t.dtype == dtype and t.dim() == 2:
+            for c in casts:  # a Linear saves its cast weight, often as a transposed view
+                if (t.shape == c.shape and torch.equal(t, c)) or (
+                    t.shape == c.T.shape and torch.equal(t, c.T)
+                ):
+                    current[t.untyped_storage().data_ptr()] = t.numel() * t.element_size()
+                    break
+        return t
+
+    losses = []
+    with (
+        torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
+        torch.autocast(device_type=device.type, dtype=dtype, cache_enabled=cache_enabled),
+    ):
+        for i in range(2):
+            current = passes[i]
+            losses.append(model(**batch).loss)
+    sum(losses).backward()  # the graphs hold every saved copy until here: no storage is reused
+    model.zero_grad(set_to_none=True)
+    return {
+        "copies": len(passes[0]),
+        "bytes": sum(passes[0].values()),
+        "reused": bool(passes[0]) and set(passes[0]) == set(passes[1]),
+    }
 
 
 def state_dtypes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[dict]:
