@@ -60,6 +60,7 @@ def test_pretrained_guess_follows_sentence_1_when_the_fact_is_swapped(example):
     assert not any(row["scratch"] == row["answer"].lower() for row in rows)
 
 
+@pytest.mark.slow
 def test_fine_tuning_from_the_checkpoint_beats_random_init_on_the_same_budget():
     """The foundation's claim: same data, epochs, batch, lr and seed; pretraining must win clearly."""
     result = experiments.pretrained_vs_scratch(epochs=1, progress=False)
@@ -95,6 +96,20 @@ def test_masked_lm_table():
     assert lines[-1].startswith("Held-out pretraining pairs: 200, 15% ")
 
 
+def test_tables_speak_japanese_for_the_lesson_and_refuse_other_languages():
+    mlm = {"pretrained": 0.7, "scratch": 0.002, "chance": 1 / 1200, "pairs": 200}
+    lines = experiments.masked_lm_table(mlm, lang="ja").splitlines()
+    assert lines[2] == "| 事前学習済みのチェックポイント | 0.700 |"
+    assert lines[-1].startswith("事前学習に使わなかった文ペア 200 組で")
+    run = {"accuracy": 0.8125, "f1": 0.85, "eval_loss": 0.4, "seconds": 12.3}
+    result = {"config": asdict(experiments.ComparisonConfig(train_rows=64)), "pretrained": run}
+    result |= {"scratch": run, "majority_accuracy": 0.664}
+    assert "訓練データ 64 行" in experiments.markdown_table(result, lang="ja").splitlines()[-1]
+    with pytest.raises(ValueError, match="lang"):
+        experiments.masked_lm_table(mlm, lang="fr")
+
+
+@pytest.mark.slow
 def test_both_runs_share_one_budget_and_record_everything():
     result = experiments.pretrained_vs_scratch(
         epochs=2, batch_size=16, train_rows=48, progress=False, eval_rows=40
@@ -147,6 +162,7 @@ def test_markdown_table_lists_both_runs_and_the_baseline():
     assert "Same budget for both" in lines[-1]
 
 
+@pytest.mark.slow
 def test_cli_prints_a_table_and_rejects_bad_input(capsys, tmp_path):
     readme, record = tmp_path / "README.md", tmp_path / "results" / "pretrained.json"
     readme.write_text("# Course\n<!-- pretrained:start -->\n<!-- pretrained:end -->\nafter\n")

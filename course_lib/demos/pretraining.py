@@ -197,17 +197,55 @@ def swap_fact(example: tuple[str, str, str], alternatives: list[str]) -> list[tu
     return [(sentence1.replace(answer, alt), sentence2.replace(answer, alt), alt) for alt in alternatives]
 
 
-def masked_lm_table(mlm: dict[str, float]) -> str:
-    """The masked-LM comparison as a markdown table (one row per start, plus chance)."""
-    rows = ["| weights | masked-token accuracy |", "|---|---|"]
-    rows.append(f"| pretrained checkpoint | {mlm['pretrained']:.3f} |")
-    rows.append(f"| random init | {mlm['scratch']:.3f} |")
-    rows.append(f"| (chance: 1 / vocabulary size) | {mlm['chance']:.3f} |")
-    note = (
-        f"Held-out pretraining pairs: {mlm['pairs']}, {MASK_SHARE:.0%} of the non-special tokens "
-        "replaced by [MASK], top-1 prediction must equal the original token."
-    )
-    return "\n".join(rows) + "\n\n" + note
+# The tables' words: English for the README (``cli.experiments``), Japanese for lesson 01.
+TABLE_WORDS = {
+    "en": {
+        "weights": "weights",
+        "mlm": "masked-token accuracy",
+        "pretrained": "pretrained checkpoint",
+        "scratch": "random init",
+        "chance": "(chance: 1 / vocabulary size)",
+        "mlm_note": "Held-out pretraining pairs: {pairs}, {share:.0%} of the non-special tokens replaced by "
+        "[MASK], top-1 prediction must equal the original token.",
+        "header": "| start from | val accuracy | val F1 | val loss | train seconds |",
+        "majority": "(always the majority class)",
+        "budget": "Same budget for both: {epochs} epochs, batch {batch_size}, lr {lr:g}, precision {precision}, "
+        "train rows {rows}, seed {seed}.",
+        "rows": "{n}",
+        "all": "all",
+    },
+    "ja": {
+        "weights": "重み",
+        "mlm": "隠したトークンの正解率",
+        "pretrained": "事前学習済みのチェックポイント",
+        "scratch": "ランダムな初期値",
+        "chance": "（でたらめに選んだ場合: 1 / 語彙サイズ）",
+        "mlm_note": "事前学習に使わなかった文ペア {pairs} 組で、特殊トークン以外の {share:.0%} を [MASK] に置き換え、"
+        "1 番目の候補が元のトークンと一致した割合です。",
+        "header": "| 開始点 | 検証の正解率 | 検証の F1 | 検証の損失 | 学習の秒数 |",
+        "majority": "（常に多数派のラベルを答える）",
+        "budget": "どちらも同じ予算です: {epochs} エポック、バッチ {batch_size}、学習率 {lr:g}、混合精度 {precision}、"
+        "訓練データ {rows}、シード {seed}。",
+        "rows": "{n} 行",
+        "all": "全行",
+    },
+}
+
+
+def _words(lang: str) -> dict[str, str]:
+    if lang not in TABLE_WORDS:
+        raise ValueError(f"Unknown lang {lang!r}: use one of {', '.join(TABLE_WORDS)}.")
+    return TABLE_WORDS[lang]
+
+
+def masked_lm_table(mlm: dict[str, float], lang: str = "en") -> str:
+    """The masked-LM comparison as a markdown table (one row per start, plus chance); ``lang``: "en" or "ja"."""
+    w = _words(lang)
+    rows = [f"| {w['weights']} | {w['mlm']} |", "|---|---|"]
+    rows.append(f"| {w['pretrained']} | {mlm['pretrained']:.3f} |")
+    rows.append(f"| {w['scratch']} | {mlm['scratch']:.3f} |")
+    rows.append(f"| {w['chance']} | {mlm['chance']:.3f} |")
+    return "\n".join(rows) + "\n\n" + w["mlm_note"].format(pairs=mlm["pairs"], share=MASK_SHARE)
 
 
 def pretrained_vs_scratch(
@@ -267,21 +305,23 @@ def pretrained_vs_scratch(
     return result
 
 
-def markdown_table(result: dict[str, Any]) -> str:
-    """The comparison as a markdown table (one row per run, plus the majority-class baseline)."""
+def markdown_table(result: dict[str, Any], lang: str = "en") -> str:
+    """The comparison as a markdown table (one row per run, plus the majority-class baseline); ``lang``: "en"/"ja"."""
+    w = _words(lang)
     cfg = result["config"]
-    rows = [
-        "| start from | val accuracy | val F1 | val loss | train seconds |",
-        "|---|---|---|---|---|",
-    ]
-    for run, label in (("pretrained", "pretrained checkpoint"), ("scratch", "random init")):
+    rows = [w["header"], "|---|---|---|---|---|"]
+    for run in RUNS:
         r = result[run]
         rows.append(
-            f"| {label} | {r['accuracy']:.3f} | {r['f1']:.3f} | {r['eval_loss']:.3f} | {r['seconds']:.0f} |"
+            f"| {w[run]} | {r['accuracy']:.3f} | {r['f1']:.3f} | {r['eval_loss']:.3f} | {r['seconds']:.0f} |"
         )
-    rows.append(f"| (always the majority class) | {result['majority_accuracy']:.3f} | | | |")
-    budget = (
-        f"{cfg['epochs']} epochs, batch {cfg['batch_size']}, lr {cfg['lr']:g}, precision {cfg['precision']}, "
-        f"train rows {cfg['train_rows'] or 'all'}, seed {cfg['seed']}"
+    rows.append(f"| {w['majority']} | {result['majority_accuracy']:.3f} | | | |")
+    budget = w["budget"].format(
+        epochs=cfg["epochs"],
+        batch_size=cfg["batch_size"],
+        lr=cfg["lr"],
+        precision=cfg["precision"],
+        rows=w["rows"].format(n=cfg["train_rows"]) if cfg["train_rows"] else w["all"],
+        seed=cfg["seed"],
     )
-    return "\n".join(rows) + f"\n\nSame budget for both: {budget}."
+    return "\n".join(rows) + "\n\n" + budget
