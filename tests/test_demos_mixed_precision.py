@@ -2,9 +2,11 @@
 
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from course_lib.demos import mixed_precision as mpd
+from course_lib.mixed_precision import advise_precision
 
 
 class TwoLinears(torch.nn.Module):
@@ -46,3 +48,18 @@ def test_saved_activation_bytes_are_smaller_under_autocast():
     fp32 = mpd.saved_activation_bytes(model, batch(), "no")
     bf16 = mpd.saved_activation_bytes(model, batch(), "bf16")
     assert set(fp32) <= {"float32", "int64"} and "bfloat16" in bf16
+
+
+def test_cpu_verdict_follows_the_training_step_not_the_matmul_alone():
+    def advice(bf16, fp16=None):
+        speeds = {"no": 1.0, "bf16": bf16} | ({} if fp16 is None else {"fp16": fp16})
+        return advise_precision("cpu", speeds)
+
+    amx = mpd.cpu_verdict_sentences(advice(3.2, 0.9), advice(1.5, 0.8))
+    assert "得です" in amx[0] and "1.50 倍" in amx[0] and "FP16 は行列積で FP32 の 0.90 倍" in amx[1]
+    small_model = mpd.cpu_verdict_sentences(advice(3.2), advice(0.8))
+    assert "得になっていません" in small_model[0] and len(small_model) == 1
+    no_bf16 = mpd.cpu_verdict_sentences(advice(0.3, 0.01), advice(0.6, 0.09))
+    assert "FP32 のままが最速です" in no_bf16[0]
+    with pytest.raises(ValueError, match="bf16"):
+        mpd.cpu_verdict_sentences(advice(3.2), advise_precision("cpu", {"no": 1.0}))

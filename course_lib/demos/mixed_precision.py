@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from course_lib.devices import to_device
 from course_lib.distributed import disable_dropout, flat_params, rank_device, shard_indices
-from course_lib.mixed_precision import autocast_dtype
+from course_lib.mixed_precision import FASTER, PrecisionAdvice, autocast_dtype
 
 MIB = 2**20
 
@@ -209,3 +209,35 @@ def comm_worker(rank: int, world_size: int, demo: CommDemo) -> list[dict]:
             }
         )
     return results
+
+
+def cpu_verdict_sentences(matmul: PrecisionAdvice, step: PrecisionAdvice) -> list[str]:
+    """Lesson 03's reading of this CPU's measurements (matmul and training step), as Japanese sentences."""
+    bf16_mm, bf16_step = matmul.speedups.get("bf16"), step.speedups.get("bf16")
+    fp16_mm, fp16_step = matmul.speedups.get("fp16"), step.speedups.get("fp16")
+    if bf16_mm is None or bf16_step is None:
+        raise ValueError("Measure bf16 as well as fp32 ('no') for both the matmul and the training step.")
+    if step.fastest == "bf16":
+        bf16 = (
+            f"このマシンでは BF16 の学習ステップが FP32 の {bf16_step:.2f} 倍の速さで、"
+            "BF16 の混合精度が得です（`GradScaler` は不要です）。"
+        )
+    elif bf16_mm >= FASTER:
+        bf16 = (
+            f"このマシンでは BF16 の行列積は FP32 の {bf16_mm:.2f} 倍の速さですが、学習ステップは {bf16_step:.2f} 倍で、"
+            "得になっていません。学習ステップには行列積以外の時間（16 ビットへの型変換や小さな演算）も含まれ、"
+            "行列積が速くなってもその分しか縮まないからです。この大きさのモデルでは FP32 のままにします。"
+        )
+    else:
+        bf16 = (
+            f"このマシンでは BF16 は行列積で FP32 の {bf16_mm:.2f} 倍、学習ステップで {bf16_step:.2f} 倍の速さで、"
+            "FP32 より速くありません。FP32 のままが最速です。"
+        )
+    sentences = [bf16]
+    if fp16_mm is not None and fp16_step is not None:
+        sentences.append(
+            f"FP16 は行列積で FP32 の {fp16_mm:.2f} 倍、学習ステップで {fp16_step:.2f} 倍の速さでした。"
+            "速さにかかわらず、CPU では Accelerate と Trainer が FP16 の指定を無視し、`GradScaler` も要るので、"
+            "CPU の混合精度には使いません。"
+        )
+    return sentences
