@@ -1,15 +1,24 @@
-"""Lesson 04's demonstrations: gradient accumulation and gradient checkpointing, each measured.
+"""Lesson 04's demonstrations: gradient accumulation and activation checkpointing, each measured.
 
 * accumulation: cut a batch into micro-batches, run backward on each with its loss weighted
-  (``"mean"``: loss / k, as Accelerate does even in a short window, the course loop and Trainer divide
-  by the window's length; ``"examples"``: loss x n_i / N, the
-  mean over every example of the window, exact for unequal micro-batches and a short last window),
-  and compare the gradients and the SGD update with those of the one big batch;
+  (``"mean"``: loss / k, as Accelerate does even in a short last window, while the course loop
+  divides by the window's length; ``"examples"``: loss x n_i / N, the mean over every example of the
+  window, exact for unequal micro-batches and a short last window), and compare the gradients and
+  the SGD update with those of the one big batch;
+* the same update in three loops: ``StepRecorder`` hooks any optimizer (the course loop's, an
+  Accelerator's, Trainer's) and keeps the parameters before and after every real step;
+  ``compare_updates`` sets each update beside the exact one (SGD on the window's rows, at the same
+  parameters and learning rate), so a loop that scales its gradients wrongly shows it as a ratio
+  (Trainer with a model whose forward takes ``**kwargs``: k times the big batch's update);
 * memory: peak tensor memory of one forward + backward over the micro-batches (``TensorPeak``);
 * checkpointing: how often each transformer layer's forward runs, counted by hooks (a checkpointed
-  layer runs twice: forward, then again in backward), and the compute ratio those counts imply;
+  layer runs twice: forward, then again in backward), the compute ratio those counts imply, and
+  forward and backward timed apart to predict what recomputing the layers costs;
 * the sqrt(n) idea (Chen et al. 2016) on a synthetic stack of n Linear + GELU blocks: bytes saved for
   backward without checkpointing and with ``checkpoint_sequential`` in about sqrt(n) segments.
+
+About 470 lines because lesson 04 teaches two techniques and compares three loops; the sections
+below (accumulation, the loops' updates, checkpointing, sqrt(n)) each serve one part of the lesson.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ from torch.utils.checkpoint import checkpoint_sequential
 from course_lib.devices import to_device
 from course_lib.distributed import flat_grads, flat_params
 from course_lib.instruments.memory import SavedTensors, TensorPeak
+from course_lib.instruments.timing import Stopwatch, median
 
 WEIGHTINGS = ("mean", "examples")
 
@@ -55,7 +65,7 @@ def micro_batch_weights(
     """The factor each micro-batch's mean loss is multiplied by before its backward.
 
     ``"mean"``: 1 / k for each (``k`` defaults to ``len(sizes)``, the window's length, as the course
-    loop and Trainer do; Accelerate uses its fixed k, also for the short last window of an epoch). ``"examples"``: n_i / sum(n), so that
+    loop does; Accelerate uses its fixed k, also for the short last window of an epoch). ``"examples"``: n_i / sum(n), so that
     the window's loss is the mean over all its examples, whatever the micro-batch sizes.
     """
     if weighting not in WEIGHTINGS:
@@ -155,6 +165,84 @@ def step_peak_mb(
     return mb
 
 
+class StepRecorder:
+    """The parameters before and after every real ``optimizer.step()``, and the learning rate it used.
+
+    Hooks on the (torch) optimizer itself, so it sees the steps of any loop that drives it: the
+    course's, an ``Accelerator``'s (whose wrapper skips ``step()`` between updates) or ``Trainer``'s.
+    Register it before ``accelerator.prepare`` / ``Trainer(...)``; ``remove()`` takes the hooks off.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> None:
+        self.model = model
+        self.before: list[torch.Tensor] = []
+        self.after: list[torch.Tensor] = []
+        self.lrs: list[float] = []
+        self._handles = [
+            optimizer.register_step_pre_hook(self._pre),
+            optimizer.register_step_post_hook(self._post),
+        ]
+
+    def _pre(self, optimizer, args, kwargs) -> None:
+        self.before.append(flat_params(self.model))
+        self.lrs.append(float(optimizer.param_groups[0]["lr"]))
+
+    def _post(self, optimizer, args, kwargs) -> None:
+        self.after.append(flat_params(self.model))
+
+    def updates(self) -> list[torch.Tensor]:
+        """Each step's change of all parameters (after - before), flattened."""
+        return [a - b for a, b in zip(self.after, self.before)]
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+
+def exact_update(
+    model: torch.nn.Module, params: torch.Tensor, window: Mapping[str, torch.Tensor], lr: float
+) -> torch.Tensor:
+    """The SGD update of the mean loss over all rows of ``window``, from the flat ``params`` (``model`` is the architecture)."""
+    work = copy.deepcopy(model)
+    torch.nn.utils.vector_to_parameters(params.to(next(work.parameters()).device), work.parameters())
+    return sgd_update(work, [window], lr=lr) - params
+
+
+def compare_updates(
+    recorder: StepRecorder,
+    model: torch.nn.Module,
+    windows: Sequence[Mapping[str, torch.Tensor]],
+    tol: float,
+) -> list[dict]:
+    """Each recorded step beside the exact update of its window (same parameters, same learning rate).
+
+    One row per window: its rows, the norms of both updates, their ratio and whether they agree
+    within ``tol`` (largest absolute difference). ``windows[i]`` holds all rows of step i's window.
+    """
+    if len(recorder.after) != len(windows):
+        raise ValueError(
+            f"The recorder saw {len(recorder.after)} optimizer steps but {len(windows)} windows were given: "
+            "pass one batch per step, holding all rows of that step's window."
+        )
+    out = []
+    for i, (update, before, lr, window) in enumerate(
+        zip(recorder.updates(), recorder.before, recorder.lrs, windows)
+    ):
+        exact = exact_update(model, before, window, lr)
+        out.append(
+            {
+                "window": i + 1,
+                "rows": rows(window),
+                "update norm": update.norm().item(),
+                "exact norm": exact.norm().item(),
+                "ratio": (update.norm() / exact.norm()).item(),
+                "same": max_abs_diff(update, exact) < tol,
+            }
+        )
+    return out
+
+
 # ---------------------------------------------------------------- checkpointing
 
 
@@ -240,6 +328,66 @@ def compute_ratio(plain_runs: int, runs: int) -> float:
     if plain_runs < 1 or runs < plain_runs:
         raise ValueError(f"Need 1 <= plain_runs <= runs, got plain_runs={plain_runs}, runs={runs}.")
     return (runs + 2 * plain_runs) / (3 * plain_runs)
+
+
+def time_phases(
+    models: Mapping[str, torch.nn.Module],
+    batch: Mapping[str, torch.Tensor],
+    warmup: int = 1,
+    repeat: int = 3,
+    seed: int = 0,
+) -> dict[str, dict[str, float]]:
+    """Median seconds of the forward (with the loss), of the backward, and of the layers' forward.
+
+    The models take turns in every repeat (load that changes during the measurement hits all of
+    them alike). ``layers forward``: the time spent inside the transformer layers' forward during
+    the (first) forward, read by hooks on the layers: what a checkpointed step runs once more.
+    """
+    if repeat < 1:
+        raise ValueError(f"repeat must be >= 1, got {repeat}.")
+    times = {name: {"forward": [], "backward": [], "layers forward": []} for name in models}
+    for i in range(warmup + repeat):
+        for name, model in models.items():
+            device = next(model.parameters()).device
+            watch, inside, started = Stopwatch(device), [0.0], []
+
+            def pre(module, args, watch=watch, started=started) -> None:
+                started.append(watch.now())
+
+            def post(module, args, output, watch=watch, started=started, inside=inside) -> None:
+                inside[0] += watch.now() - started.pop()
+
+            handles = []
+            for layer in checkpointed_layers(model):
+                handles += [layer.register_forward_pre_hook(pre), layer.register_forward_hook(post)]
+            work = to_device(dict(batch), device)
+            model.train()
+            model.zero_grad(set_to_none=True)
+            torch.manual_seed(seed)
+            try:
+                t0 = watch.now()
+                loss = model(**work).loss
+                t1 = watch.now()
+                loss.backward()
+                t2 = watch.now()
+            finally:
+                for handle in handles:
+                    handle.remove()
+            if i >= warmup:
+                times[name]["forward"].append(t1 - t0)
+                times[name]["backward"].append(t2 - t1)
+                times[name]["layers forward"].append(inside[0])
+    return {name: {phase: median(v) for phase, v in phases.items()} for name, phases in times.items()}
+
+
+def predicted_ratio(forward: float, backward: float, layers_forward: float) -> float:
+    """Time of a checkpointed step over a plain one if the layers' forward runs once more in backward."""
+    if forward <= 0 or backward <= 0 or not 0 <= layers_forward <= forward:
+        raise ValueError(
+            f"Need forward > 0, backward > 0 and 0 <= layers_forward <= forward, got {forward}, {backward}, "
+            f"{layers_forward}: pass the medians of time_phases."
+        )
+    return (forward + backward + layers_forward) / (forward + backward)
 
 
 # ---------------------------------------------------------------- sqrt(n) on a synthetic stack

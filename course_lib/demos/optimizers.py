@@ -10,6 +10,10 @@
 * accounting: bytes per parameter of mixed-precision training, ZeRO's way (Rajbhandari et al. 2020):
   fp16 weights 2 + fp16 gradients 2 + fp32 master weights 4 + the optimizer's state.
 * Trainer: the optimizer class and arguments a ``TrainingArguments(optim=...)`` name resolves to.
+* step size per kind of parameter: the RMS of one step's change of weight matrices, LayerNorm gains
+  and biases (Adafactor's step is relative to each tensor's RMS, AdamW's is not);
+* the step's own memory: the peak of tensor memory inside ``optimizer.step()`` (temporaries that the
+  persistent state does not show: Adafactor's n x m estimate, 8-bit AdamW's dequantised moments).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
+from course_lib.instruments.memory import TensorPeak
 from course_lib.instruments.timing import time_fn
 from course_lib.training.optim import OPTIMIZERS, import_bitsandbytes, make_optimizer
 
@@ -186,3 +191,61 @@ def describe_trainer_optimizer(optim: str, output_dir: str, learning_rate: float
         "class": f"{cls.__module__}.{cls.__qualname__}",
         "arguments": ", ".join(f"{k}={kwargs[k]}" for k in shown if k in kwargs),
     }
+
+
+PARAM_KINDS = ("weight matrices", "LayerNorm gains", "biases", "biases at zero")
+
+
+def param_kind(name: str, param: torch.Tensor) -> str:
+    """Which of ``PARAM_KINDS`` a named parameter is (``biases at zero``: all zeros, e.g. a new head)."""
+    if param.ndim >= 2:
+        return "weight matrices"
+    if ("LayerNorm" in name or "layer_norm" in name) and name.endswith("weight"):
+        return "LayerNorm gains"
+    return "biases at zero" if not param.detach().any() else "biases"
+
+
+def step_rms_by_kind(model: torch.nn.Module, before: dict[str, torch.Tensor]) -> dict[str, dict]:
+    """Per kind of parameter: how many tensors, the median RMS of their values before the step and of
+    the step's change (``before``: ``{name: tensor}`` copied before ``optimizer.step()``)."""
+    values: dict[str, list[tuple[float, float]]] = {}
+    for name, p in model.named_parameters():
+        if name not in before:
+            raise ValueError(f"No value before the step for {name!r}: copy every named parameter first.")
+        old = before[name].detach().float()
+        change = (p.detach().float() - old).pow(2).mean().sqrt().item()
+        values.setdefault(param_kind(name, old), []).append((old.pow(2).mean().sqrt().item(), change))
+    return {
+        kind: {
+            "tensors": len(values[kind]),
+            "value RMS": statistics.median(v for v, _ in values[kind]),
+            "step RMS": statistics.median(c for _, c in values[kind]),
+        }
+        for kind in PARAM_KINDS
+        if kind in values
+    }
+
+
+def step_peak_mb(
+    optimizer: torch.optim.Optimizer, params: Sequence[torch.nn.Parameter], seed: int = 1
+) -> float:
+    """Peak tensor memory (MiB) allocated inside one ``optimizer.step()``, above what existed before it.
+
+    Call it after a first step (the state exists, so only the step's temporaries count), on fixed
+    random gradients. Measured with ``TensorPeak`` (the CUDA allocator's peak, or the CPU profiler's).
+    """
+    if not optimizer.state:
+        raise ValueError(
+            "The optimizer has no state yet: run one step first (e.g. one_step(optimizer, params))."
+        )
+    gen = torch.Generator().manual_seed(seed)
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=gen).to(p.device, p.dtype)
+    peak = TensorPeak(params[0].device)
+    peak.start()
+    try:
+        optimizer.step()
+    finally:
+        mb = peak.stop()
+    optimizer.zero_grad(set_to_none=True)
+    return mb

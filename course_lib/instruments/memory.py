@@ -220,3 +220,19 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
             seen.add(storage)
             total += value.numel() * value.element_size()
     return total
+
+
+def model_state_bytes(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None
+) -> dict[str, int]:
+    """Bytes of the model states after a step: weights, gradients (``.grad``) and ``optimizer_state_bytes``.
+
+    What ZeRO calls the model states, read from the tensors as they are (dtype included), not from a
+    bytes-per-parameter formula. Gradients set to None count 0; without ``optimizer`` its state is 0.
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    return {
+        "weights": sum(p.numel() * p.element_size() for p in params),
+        "gradients": sum(p.grad.numel() * p.grad.element_size() for p in params if p.grad is not None),
+        "optimizer state": optimizer_state_bytes(optimizer) if optimizer is not None else 0,
+    }

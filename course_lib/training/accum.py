@@ -4,7 +4,8 @@ Each micro-batch's loss is divided by the number of micro-batches in its window 
 backward, so the summed gradients are the mean over the window: the step equals one on a
 ``k``-times bigger batch (for equal-sized micro-batches). The last window of an epoch may be
 shorter: it still ends in a step, and its losses are divided by its own length, not by ``k`` (which
-would shrink that step's gradient, as Accelerate's ``accumulate`` does; Trainer divides as here).
+would shrink that step's gradient, as Accelerate's ``accumulate`` does; Trainer divides as here only
+when ``model_accepts_loss_kwargs`` is False, and not at all for a model whose forward takes ``**kwargs``).
 Lesson 04 measures both, and the finer point: micro-batches of different sizes need weights by rows.
 """
 
