@@ -4,5 +4,5 @@ timing      step time: synchronised wall-clock laps (``Stopwatch``), a repeated 
             (``time_fn``), and laps taken from outside by a forward hook (``StepClock``)
 throughput  matmul GFLOP/s (the machine's peak), model FLOPs per token, tokens/s and MFU, per process
 probe       ``StepProbe``: step time and peak memory of any loop (PyTorch, Accelerator, Trainer)
-memory      peak tensor memory of a step (CUDA allocator, CPU profiler); bytes saved for backward; optimizer state
+memory      peak tensor memory of a step (CUDA allocator, CPU profiler); bytes saved for backward; optimizer state; model states
 """
