@@ -114,8 +114,25 @@ def test_counting_hook_keeps_ddp_gradients(group):
         torch.testing.assert_close(p.grad, q.grad)  # one rank: the average is the local gradient
 
 
-def test_bf16_hook_is_refused_by_gloo(group):
-    assert L.bf16_hook_check().startswith("TypeError") and "NCCL" in L.bf16_hook_check()
+def test_bf16_hook_is_refused_exactly_where_the_build_check_says(group):
+    verdict, build = L.bf16_hook_check(), L.bf16_build_support()
+    assert (verdict == "ok") == build["accepts"]
+    if not build["accepts"]:  # this course's CPU wheel
+        assert verdict.startswith("TypeError") and "NCCL" in verdict
+
+
+def test_the_bf16_hook_check_reads_the_build_not_the_backend(group, monkeypatch):
+    """A build that reports CUDA and NCCL 2.10+ gets bf16_compress_hook registered under gloo, and it runs."""
+    monkeypatch.setattr(torch.version, "cuda", "12.4")
+    monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
+    monkeypatch.setattr(torch.cuda.nccl, "version", lambda: (2, 21, 5))
+    assert dist.get_backend() == "gloo" and L.bf16_build_support()["accepts"]
+    assert L.bf16_hook_check() == "ok"
+    model = DistributedDataParallel(_net())
+    model.register_comm_hook(None, L.comm_hook("bf16"))
+    model(torch.randn(4, 16)).sum().backward()  # gloo all-reduces the bf16 bucket
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in model.parameters())
+    assert L.bf16_all_reduce_check()
 
 
 def test_unknown_names_raise():
@@ -172,3 +189,42 @@ def test_two_ranks_count_and_drift():
     for a, b in zip(ranks[0]["runs"], ranks[1]["runs"]):
         assert (a["calls"], a["bytes"]) == (b["calls"], b["bytes"])
         assert a["curve"] == b["curve"]  # the validation loss is gathered from both ranks
+
+
+def test_count_rows_adds_the_average_on_exit_to_the_total_and_the_ratio():
+    runs = [
+        {"name": "DDP", "micro_steps": 4, "optimizer_steps": 4, "total_calls": 8, "dtypes": ["float32"]}
+        | {"bytes": 1600, "exit_bytes": 0, "total_bytes": 1600, "parameters": 100},
+        {"name": "local", "micro_steps": 4, "optimizer_steps": 4, "total_calls": 6, "dtypes": ["float32"]}
+        | {"bytes": 400, "exit_bytes": 400, "total_bytes": 800, "parameters": 100},
+    ]
+    rows = L.count_rows(runs)
+    assert [r["x less than DDP"] for r in rows] == [1.0, 2.0]  # 1600 / (400 + 400), not 1600 / 400
+    assert rows[1]["bytes/param/micro-batch"] == 2.0
+
+
+@pytest.mark.slow  # two real processes
+def test_two_ranks_local_sgd_sends_no_gradients_and_k1_equals_ddp_only_with_sgd():
+    demo = L.SyncDemo(
+        variants=(L.Variant("DDP"), L.Variant("local", "local_sgd", 2)),
+        steps=4,
+        batch_size=2,
+        eval_rows=4,
+        eval_every=2,
+        k1_steps=2,
+    )
+    ranks = launch(L.sync_worker, 2, args=(demo,), backend="gloo")
+    runs = {r["name"]: r for r in ranks[0]["runs"]}
+    n = runs["DDP"]["parameters"]
+    assert runs["DDP"]["grad_calls"] == runs["DDP"]["calls"] > 0  # the hook does see DDP's all-reduces
+    assert runs["local"]["grad_calls"] == 0  # ... and none inside LocalSGD's no_sync
+    assert runs["local"]["total_bytes"] == L.comm_bytes(n, 4, 4, 2) + L.comm_bytes(n, 4, 1)
+    assert runs["local"]["total_calls"] == 3 * runs["local"]["parameter_tensors"]  # 2 averagings + exit
+    k1 = ranks[0]["k1"]
+    torch.testing.assert_close(k1["local_sgd sgd"], k1["ddp sgd"], rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(k1["local_sgd adamw"], k1["ddp adamw"], rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(k1["ddp sgd"], k1["ddp adamw"])  # both really trained
+    for a, b in zip(ranks[0]["k1"].values(), ranks[1]["k1"].values()):
+        assert torch.equal(a, b)  # every variant leaves the replicas identical
+    assert [r["bf16_hook"] == "ok" for r in ranks] == [r["bf16_build"]["accepts"] for r in ranks]
+    assert all(r["bf16_all_reduce"] for r in ranks)

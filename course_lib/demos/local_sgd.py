@@ -8,7 +8,11 @@
 * ``SyncDemo`` + ``sync_worker``: on every rank of ``course_lib.distributed.launch``, each strategy
   (``Variant``) from the same start on the same data: DDP every step, accumulation with ``no_sync``,
   Accelerate's ``LocalSGD``, a compression hook; the bytes per step, the validation loss at sync points,
-  and the distance between the replicas before and after each averaging.
+  and the distance between the replicas before and after each averaging; ``k1_check`` (LocalSGD with
+  K=1 against DDP, SGD and AdamW); ``bf16_build_support`` (what DDP's bf16-hook check reads).
+
+It has more than 400 lines because the workers, the records they return and the tables and plots that
+read those records belong to one launch of one lesson, and a learner opens them from that lesson.
 """
 
 from __future__ import annotations
@@ -131,7 +135,7 @@ class Variant:
         "ddp"  # "ddp": all-reduce gradients every step; "accum": no_sync; "local_sgd": average weights
     )
     every: int = 1  # micro-batches per optimizer step ("accum") or local steps per averaging ("local_sgd")
-    hook: str = "fp32"  # DDP's wire format for gradients: "fp32", "fp16", "bf16" (NCCL only)
+    hook: str = "fp32"  # DDP's wire format for gradients: "fp32", "fp16", "bf16" (a CUDA + NCCL build)
 
     def __post_init__(self) -> None:
         if self.sync not in SYNCS:
@@ -159,10 +163,14 @@ class SyncDemo:
     eval_every: int = 8  # micro-batches between evaluations (only where the replicas are in sync)
     lr: float = 5e-4
     seed: int = 0
+    k1_steps: int = 2  # micro-batches of the "LocalSGD K=1 vs DDP" check (0: skip it)
+    k1_sgd_lr: float = 0.1  # its plain-SGD learning rate (AdamW uses ``lr``)
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.batch_size < 1 or self.eval_rows < 1 or self.eval_every < 1:
             raise ValueError("steps, batch_size, eval_rows and eval_every must all be >= 1.")
+        if not 0 <= self.k1_steps <= self.steps or self.k1_sgd_lr <= 0:
+            raise ValueError(f"Need 0 <= k1_steps <= steps ({self.steps}) and k1_sgd_lr > 0.")
         for v in self.variants:
             if self.steps % v.every:
                 raise ValueError(f"{v.name}: steps={self.steps} is not a multiple of every={v.every}.")
@@ -222,8 +230,43 @@ def replica_drift(model: torch.nn.Module, anchor: torch.Tensor) -> dict[str, flo
     }
 
 
+def bf16_build_support() -> dict:
+    """The facts DDP's check for ``bf16_compress_hook`` reads, and its verdict (``accepts``).
+
+    The same test as ``DistributedDataParallel._check_comm_hook`` (torch 2.13): a CUDA or ROCm build
+    with NCCL 2.10+, or XPU with XCCL. The process group's backend is not part of it.
+    """
+    cuda, hip = torch.version.cuda, getattr(torch.version, "hip", None)
+    nccl = dist.is_available() and dist.is_nccl_available()
+    nccl_version = ".".join(map(str, torch.cuda.nccl.version())) if nccl else None
+    xccl = dist.is_available() and dist.is_xccl_available() and torch.xpu.is_available()
+    cuda_and_nccl = (cuda is not None or hip is not None) and nccl and torch.cuda.nccl.version() >= (2, 10)
+    return {
+        "torch.version.cuda": cuda,
+        "torch.version.hip": hip,
+        "NCCL": nccl_version or "not built in",
+        "XPU + XCCL": xccl,
+        "accepts": bool(cuda_and_nccl or xccl),
+    }
+
+
+def bf16_all_reduce_check() -> bool:
+    """All-reduce a bfloat16 tensor over this group: True when every rank gets the right sum."""
+    world_size = dist.get_world_size()
+    mine = torch.full(
+        (8,), float(dist.get_rank() + 1), dtype=torch.bfloat16, device=rank_device(dist.get_rank())
+    )
+    _REAL_ALL_REDUCE(mine)  # not training traffic: never counted
+    expected = world_size * (world_size + 1) / 2
+    return mine.dtype == torch.bfloat16 and bool((mine.float() == expected).all())
+
+
 def bf16_hook_check() -> str:
-    """Try to register ``bf16_compress_hook`` in this group: ``"ok"`` or the error DDP raises (gloo)."""
+    """Try to register ``bf16_compress_hook`` in this group: ``"ok"`` or the error DDP raises.
+
+    DDP refuses it in a PyTorch build without CUDA + NCCL 2.10+ (or XPU + XCCL), whatever the backend
+    (``bf16_build_support``).
+    """
     from torch.nn.parallel import DistributedDataParallel
 
     probe = torch.nn.Linear(2, 2).to(rank_device(dist.get_rank()))
@@ -243,10 +286,11 @@ def _run_variant(variant: Variant, demo: SyncDemo, accelerator, batches, eval_ba
     torch.manual_seed(demo.seed)  # the same start on every rank (DDP also broadcasts rank 0's)
     model = accelerator.prepare(models.load_model())  # DistributedDataParallel across the ranks
     optimizer = torch.optim.AdamW(model.parameters(), lr=demo.lr)
-    log, exit_log = CommLog(), CommLog()
+    log, exit_log, grad_log = CommLog(), CommLog(), CommLog()
     local = variant.sync == "local_sgd"
-    if not local:
-        model.register_comm_hook(log, counting_hook(comm_hook(variant.hook)))
+    # Every gradient bucket DDP all-reduces goes through this hook; under LocalSGD it counts into
+    # grad_log (averaging goes to log), so a gradient all-reduce inside no_sync would show there.
+    model.register_comm_hook(grad_log if local else log, counting_hook(comm_hook(variant.hook)))
     torch.manual_seed(demo.seed + 1 + rank)  # dropout draws differ per rank, as in any data-parallel run
     anchor = flat_params(model)  # the parameters at the last average (local SGD)
     curve = [{"step": 0, "bytes": 0, "val_loss": _val_loss(model, eval_batch)}]
@@ -296,11 +340,55 @@ def _run_variant(variant: Variant, demo: SyncDemo, accelerator, batches, eval_ba
         "dtypes": sorted(log.dtypes),
         "exit_calls": exit_log.calls,
         "exit_bytes": exit_log.bytes,
+        "grad_calls": grad_log.calls if local else log.calls,  # gradient all-reduces inside DDP
+        "total_calls": log.calls + exit_log.calls,
+        "total_bytes": log.bytes + exit_log.bytes,  # everything this rank sent, the average on exit too
         "parameters": sum(p.numel() for p in params),
         "parameter_tensors": len(params),
         "curve": curve,
         "drift": drift,
         "same_at_end": same_on_all_ranks(flat_params(model)),
+    }
+
+
+def _k1_run(sync: str, optimizer: str, demo: SyncDemo, accelerator, batches) -> torch.Tensor:
+    """Parameters after ``demo.k1_steps`` micro-batches of DDP or LocalSGD K=1, dropout off."""
+    from accelerate.local_sgd import LocalSGD
+
+    from course_lib import models
+    from course_lib.distributed import disable_dropout
+
+    torch.manual_seed(demo.seed)
+    model = accelerator.prepare(disable_dropout(models.load_model()))
+    if optimizer == "sgd":
+        opt = torch.optim.SGD(model.parameters(), lr=demo.k1_sgd_lr)
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=demo.lr)
+    local = (
+        LocalSGD(accelerator=accelerator, model=model, local_sgd_steps=1, enabled=True)
+        if sync == "local_sgd"
+        else nullcontext()
+    )
+    with local:
+        for batch in batches[: demo.k1_steps]:
+            model(**batch).loss.backward()  # DDP averages the gradients here (not under LocalSGD)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if sync == "local_sgd":
+                local.step()  # K=1: averages the parameters after every step
+    return flat_params(model)
+
+
+def k1_check(demo: SyncDemo, accelerator, batches) -> dict:
+    """LocalSGD with K=1 against DDP, with plain SGD and with AdamW: rank 0's parameters after each.
+
+    With SGD, averaging the parameters after each local step is averaging the gradients (the update is
+    linear in the gradient); AdamW divides each rank's gradient by its own running scale first.
+    """
+    return {
+        (sync, opt): _k1_run(sync, opt, demo, accelerator, batches)
+        for opt in ("sgd", "adamw")
+        for sync in ("ddp", "local_sgd")
     }
 
 
@@ -316,11 +404,15 @@ def sync_worker(rank: int, world_size: int, demo: SyncDemo) -> dict:
         raise RuntimeError(f"The Accelerator sees {accelerator.num_processes} processes, not {world_size}.")
     batches, eval_batch = _batches(demo, rank, world_size, device)
     runs = [_run_variant(v, demo, accelerator, batches, eval_batch, rank) for v in demo.variants]
+    k1 = k1_check(demo, accelerator, batches) if demo.k1_steps else {}
     return {
         "rank": rank,
         "distributed_type": str(accelerator.distributed_type),
         "backend": dist.get_backend(),
         "bf16_hook": bf16_hook_check(),
+        "bf16_build": bf16_build_support(),
+        "bf16_all_reduce": bf16_all_reduce_check(),
+        "k1": {f"{sync} {opt}": params for (sync, opt), params in k1.items()},
         "runs": runs,
     }
 
@@ -329,16 +421,23 @@ def sync_worker(rank: int, world_size: int, demo: SyncDemo) -> dict:
 
 
 def count_rows(runs: Sequence[dict]) -> list[dict]:
-    """The deterministic part of each run: steps, all-reduce calls and bytes, per micro-batch and in total."""
+    """The deterministic part of each run: steps, all-reduce calls and bytes (in the loop, on leaving
+    LocalSGD's block, in total), per micro-batch, and how many times less than ``runs[0]`` in total."""
+    reference = runs[0]["total_bytes"]
     return [
         {
             "variant": r["name"],
             "micro-batches": r["micro_steps"],
             "optimizer steps": r["optimizer_steps"],
-            "all-reduce calls": r["calls"],
+            "all-reduce calls": r["total_calls"],
             "dtype": ",".join(r["dtypes"]) or "-",
-            "MiB sent": round(r["bytes"] / MIB, 2),
-            "bytes/param/micro-batch": round(r["bytes"] / r["parameters"] / r["micro_steps"], 3),
+            "MiB in loop": round(r["bytes"] / MIB, 2),
+            "MiB on exit": round(r["exit_bytes"] / MIB, 2),
+            "MiB total": round(r["total_bytes"] / MIB, 2),
+            "bytes/param/micro-batch": round(r["total_bytes"] / r["parameters"] / r["micro_steps"], 3),
+            f"x less than {runs[0]['name']}": round(reference / r["total_bytes"], 1)
+            if r["total_bytes"]
+            else "-",
         }
         for r in runs
     ]
