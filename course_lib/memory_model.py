@@ -1,0 +1,384 @@
+"""A memory model of fine-tuning: the bytes each part of training needs, predicted before it runs.
+
+Prediction: ``Arch`` (a DistilBERT-shaped model, read from a Hugging Face config) and ``Setup``
+(precision, activation checkpointing, optimizer, micro-batch, sequence length) give ``predict``: the
+bytes of the weights, the gradients, the optimizer state, the tensors autograd saves for backward
+(derived tensor by tensor from the architecture: ``saved_tensors``) and the transient peak of a step;
+``per_rank`` divides them as DDP, ZeRO-1, ZeRO-2 and ZeRO-3 / FSDP do over N ranks.
+
+Measurement: ``measure`` runs steps of a real model and reads the course's instruments only
+(``SavedTensors``, ``optimizer_state_bytes``, ``TensorPeak``); ``compare`` puts both side by side.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+
+from course_lib.instruments.memory import SavedTensors, TensorPeak, optimizer_state_bytes
+
+PARTS = ("weights", "gradients", "optimizer state", "saved for backward", "step peak")
+OPTIMIZERS = ("adamw", "adafactor", "adamw8bit")
+PRECISIONS = ("no", "bf16", "fp16")
+STAGES = ("ddp", "zero1", "zero2", "zero3")
+MIN_8BIT_SIZE = 4096  # bitsandbytes' min_8bit_size: smaller tensors keep fp32 state
+BLOCKSIZE_8BIT = 256  # bitsandbytes' block-wise quantisation: one fp32 absmax per 256 elements
+QMAP_BYTES = 2 * 256 * 4  # two shared quantisation maps (signed, unsigned) of 256 fp32 values each
+GIB = 2**30
+ADAMW8BIT_STEP_BYTES_PER_ELEM = 20  # five fp32 working buffers per element (``single_layer_step_peak``)
+
+
+@dataclass(frozen=True)
+class Arch:
+    """The shape of a DistilBERT-style encoder with a sequence-classification head."""
+
+    vocab_size: int
+    dim: int
+    hidden_dim: int
+    n_layers: int
+    n_heads: int
+    max_position_embeddings: int = 512
+    num_labels: int = 2
+    attention: str = "sdpa"  # "sdpa" | "eager"
+    attention_dropout: float = 0.1
+
+    @classmethod
+    def from_config(cls, config) -> Arch:
+        """Read a ``DistilBertConfig`` (``model.config``)."""
+        missing = [
+            k for k in ("vocab_size", "dim", "hidden_dim", "n_layers", "n_heads") if not hasattr(config, k)
+        ]
+        if missing:
+            raise ValueError(
+                f"The config lacks {', '.join(missing)}: the memory model knows DistilBERT's architecture "
+                "(model_type 'distilbert'); build an Arch(...) by hand for another model."
+            )
+        return cls(
+            vocab_size=config.vocab_size,
+            dim=config.dim,
+            hidden_dim=config.hidden_dim,
+            n_layers=config.n_layers,
+            n_heads=config.n_heads,
+            max_position_embeddings=config.max_position_embeddings,
+            num_labels=getattr(config, "num_labels", 2),
+            attention=getattr(config, "_attn_implementation", None) or "sdpa",
+            attention_dropout=config.attention_dropout,
+        )
+
+    def param_shapes(self) -> list[tuple[int, ...]]:
+        """Every parameter tensor's shape, in the model's order (embeddings, layers, head)."""
+        d, f = self.dim, self.hidden_dim
+        shapes = [(self.vocab_size, d), (self.max_position_embeddings, d), (d,), (d,)]
+        for _ in range(self.n_layers):
+            shapes += [(d, d), (d,)] * 4  # q, k, v, out projections
+            shapes += [(d,), (d,)]  # sa_layer_norm
+            shapes += [(f, d), (f,), (d, f), (d,)]  # FFN lin1, lin2
+            shapes += [(d,), (d,)]  # output_layer_norm
+        shapes += [(d, d), (d,), (self.num_labels, d), (self.num_labels,)]  # pre_classifier, classifier
+        return shapes
+
+    def num_params(self) -> int:
+        """Number of parameters (elements)."""
+        return sum(math.prod(s) for s in self.param_shapes())
+
+    def matmul_weight_numel(self) -> int:
+        """Elements of the weights that go into matrix products (autocast keeps a 16-bit copy of each)."""
+        d, f = self.dim, self.hidden_dim
+        return self.n_layers * (4 * d * d + 2 * d * f) + d * d + self.num_labels * d
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What the training run does: precision, checkpointing, optimizer, micro-batch and sequence length."""
+
+    batch: int
+    seq_len: int
+    precision: str = "no"
+    gradient_checkpointing: bool = False
+    optimizer: str = "adamw"
+
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}.")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}.")
+        if self.batch < 1 or self.seq_len < 1:
+            raise ValueError(f"batch and seq_len must be >= 1, got {self.batch} and {self.seq_len}.")
+
+    @classmethod
+    def from_train_config(cls, config, batch: int, seq_len: int) -> Setup:
+        """The setup of a ``training.TrainConfig`` on micro-batches of ``batch`` x ``seq_len`` tokens."""
+        return cls(batch, seq_len, config.precision, config.gradient_checkpointing, config.optimizer)
+
+
+def optimizer_state(arch: Arch, optimizer: str) -> int:
+    """Bytes an optimizer keeps between steps for all of the model's parameters (fp32 parameters)."""
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}.")
+    return sum(param_state(shape, optimizer) for shape in arch.param_shapes()) + (
+        QMAP_BYTES if optimizer == "adamw8bit" else 0
+    )
+
+
+def param_state(shape: tuple[int, ...], optimizer: str) -> int:
+    """Optimizer-state bytes for one parameter tensor of ``shape`` (bitsandbytes' shared qmaps excluded)."""
+    n = math.prod(shape)
+    if optimizer == "adamw":
+        return 2 * 4 * n  # exp_avg + exp_avg_sq, fp32
+    if optimizer == "adafactor":
+        if len(shape) < 2:
+            return 4 * n  # a vector keeps one second moment per element, no first moment
+        return 4 * (math.prod(shape[:-1]) + math.prod(shape[:-2]) * shape[-1])  # row_var + col_var
+    if n < MIN_8BIT_SIZE:
+        return 2 * 4 * n  # bitsandbytes keeps small tensors in 32-bit
+    return 2 * n + 2 * 4 * math.ceil(n / BLOCKSIZE_8BIT)  # two uint8 moments + an absmax per block each
+
+
+def saved_tensors(arch: Arch, setup: Setup) -> list[dict]:
+    """The tensors autograd saves for backward in one forward pass, derived from the architecture.
+
+    One row per kind of tensor: where it is saved, its elements per occurrence, bytes per element and
+    how many times it occurs. ``T = batch x seq_len`` tokens, ``d`` the hidden size, ``F`` the FFN
+    width, ``s = batch x heads x seq_len^2`` attention scores. Rows marked ``alias`` are parameters
+    saved as they are (fp32 training): counted by ``SavedTensors``, but they take no new memory.
+    Batches without padding (attention mask of ones, which transformers drops) are assumed.
+    """
+    if arch.attention not in ("sdpa", "eager"):
+        raise ValueError(f"attention must be 'sdpa' or 'eager', got {arch.attention!r}.")
+    if arch.attention == "sdpa" and arch.attention_dropout == 0:
+        raise ValueError("SDPA without dropout runs a fused kernel that saves other tensors: not modelled.")
+    b, t, d, f, L = setup.batch, setup.batch * setup.seq_len, arch.dim, arch.hidden_dim, arch.n_layers
+    s = b * arch.n_heads * setup.seq_len**2
+    amp = setup.precision != "no"
+    e = 2 if amp else 4  # matmul inputs: autocast casts them to 16 bits; fp32 otherwise
+    alias = not amp  # fp32: the matmul weights saved are the parameters themselves
+    rows = [
+        ("embeddings", "input_ids + position_ids (int64)", b * setup.seq_len + setup.seq_len, 8, 1, False),
+        ("embeddings", "LayerNorm input, mean, rstd", t * d + 2 * t, 4, 1, False),
+        ("embeddings", "LayerNorm weight + bias", 2 * d, 4, 1, True),
+        ("embeddings", "dropout mask", t * d, 4, 1, False),
+    ]
+    if setup.gradient_checkpointing:
+        # Each block keeps only its input (fp32: LayerNorm outputs are fp32); the rest is recomputed.
+        rows.append(("layers", "block input (checkpoint)", t * d, 4, L, False))
+    else:
+        # Autocast casts the input once per matmul: q, k and v each get their own 16-bit copy.
+        rows.append(("layers", "q/k/v projection input", t * d, e, L * (3 if amp else 1), False))
+        if arch.attention == "sdpa":  # CPU math kernel (dropout > 0): computes in fp32 even for 16-bit inputs
+            rows.append(("attention", "q, k (scaled), v (fp32)", 3 * t * d, 4, L, False))
+            rows.append(("attention", "probs, dropout mask, dropped probs", 3 * s, 4, L, False))
+        else:
+            rows.append(("attention", "q, k^T, v", 3 * t * d, e, L, False))
+            rows.append(("attention", "probs, dropout mask, dropped probs", 3 * s, e, L, False))
+        rows += [
+            ("layers", "out_lin input", t * d, e, L, False),
+            ("layers", "2 LayerNorm inputs (residual sums, fp32)", 2 * t * d, 4, L, False),
+            ("layers", "2 LayerNorm mean + rstd", 4 * t, 4, L, False),
+            ("layers", "2 LayerNorm weight + bias", 4 * d, 4, L, True),
+            ("FFN", "lin1 input", t * d, e, L, False),
+            ("FFN", "GELU input, lin2 input", 2 * t * f, e, L, False),
+            ("FFN", "dropout mask", t * d, e, L, False),
+            ("layers", "matmul weights", 4 * d * d + 2 * d * f, e, L, alias),
+        ]
+    rows += [
+        ("head", "[CLS] rows, ReLU out, dropout mask, classifier input", 4 * b * d, e, 1, False),
+        ("head", "pre_classifier + classifier weights", d * d + arch.num_labels * d, e, 1, alias),
+        ("head", "log-softmax, labels (int64: 2 x 4 B), loss", b * arch.num_labels + 2 * b + 1, 4, 1, False),
+    ]
+    keys = ("where", "tensor", "numel", "bytes/elem", "count", "alias")
+    out = [dict(zip(keys, r, strict=True)) for r in rows]
+    for row in out:
+        row["bytes"] = row["numel"] * row["bytes/elem"] * row["count"]
+    return out
+
+
+def predict(arch: Arch, setup: Setup) -> dict[str, int]:
+    """Predicted bytes of each part (``PARTS``) of one training step on one device.
+
+    Weights and gradients stay fp32 under autocast (4 + 4 bytes per parameter); the 16-bit copies of
+    the matmul weights are part of what is saved for backward. The step's peak is counted above the
+    weights and the optimizer state already held (a step after the first, gradients freed before it):
+    the largest of the end of forward, the fullest moment of backward (``backward_peak``) and the
+    optimizer step (all gradients plus its largest temporary, ``step_temporary``).
+    """
+    rows = saved_tensors(arch, setup)
+    grads = 4 * arch.num_params()
+    forward_end = sum(r["bytes"] for r in rows if not r["alias"])
+    peak = max(forward_end, backward_peak(arch, setup), grads + step_temporary(arch, setup.optimizer))
+    return {
+        "weights": 4 * arch.num_params(),
+        "gradients": grads,
+        "optimizer state": optimizer_state(arch, setup.optimizer),
+        "saved for backward": sum(r["bytes"] for r in rows),
+        "step peak": peak,
+    }
+
+
+def backward_peak(arch: Arch, setup: Setup) -> int:
+    """Bytes held at backward's fullest moment: the GELU backward of the last block to be processed.
+
+    Without checkpointing that is the last block: everything saved (aliases excluded), the gradients
+    of the head and of the block's lin2 and LayerNorm, and one more activation gradient of FFN width
+    (T x F). With checkpointing it is the block whose recomputed activations meet the most gradients:
+    the checkpointed inputs still held, one block's full activations, the gradients of the blocks after it.
+    """
+    d, f, L, t = arch.dim, arch.hidden_dim, arch.n_layers, setup.batch * setup.seq_len
+    e = 2 if setup.precision != "no" else 4
+    head_grads = 4 * (d * d + d + arch.num_labels * (d + 1))
+    block_partial = 4 * (2 * d + d * f + d)  # output LayerNorm, lin2 weight and bias
+    transient = t * f * e  # the gradient of the GELU input beside the gradient of its output
+    if not setup.gradient_checkpointing:
+        saved = sum(r["bytes"] for r in saved_tensors(arch, setup) if not r["alias"])
+        return saved + head_grads + block_partial + transient
+    full = saved_tensors(arch, Setup(setup.batch, setup.seq_len, setup.precision, False, setup.optimizer))
+    block = sum(
+        r["bytes"] for r in full if r["where"] != "embeddings" and r["where"] != "head" and not r["alias"]
+    )
+    block //= L
+    embeddings = sum(r["bytes"] for r in full if r["where"] == "embeddings" and not r["alias"])
+    block_grads = 4 * (4 * (d * d + d) + 4 * d + 2 * d * f + f + d)
+    return max(
+        embeddings
+        + (i + 1) * 4 * t * d
+        + block
+        + head_grads
+        + (L - 1 - i) * block_grads
+        + block_partial
+        + transient
+        for i in range(L)
+    )
+
+
+def step_temporary(arch: Arch, optimizer: str) -> int:
+    """Largest temporary an optimizer step allocates beside the gradients (bytes).
+
+    Fused AdamW updates in place (0). Adafactor builds an fp32 n x m estimate of the second moment
+    per matrix, one matrix at a time (the largest counts). 8-bit AdamW on the CPU dequantises one
+    tensor at a time into fp32 working buffers: 20 bytes per element of the largest tensor (five fp32
+    buffers; measured on a single layer, ``single_layer_step_peak``, not fitted to the grid).
+    """
+    shapes = arch.param_shapes()
+    if optimizer == "adamw":
+        return 0
+    if optimizer == "adafactor":
+        return max(4 * math.prod(s) for s in shapes if len(s) >= 2)
+    return ADAMW8BIT_STEP_BYTES_PER_ELEM * max(math.prod(s) for s in shapes)
+
+
+def single_layer_step_peak(optimizer: str, shape: tuple[int, int] = (512, 512)) -> float:
+    """Measured peak bytes of a second ``step()`` on one weight of ``shape``, per element (``TensorPeak``)."""
+    from course_lib.training.optim import make_optimizer
+
+    layer = torch.nn.Linear(shape[1], shape[0], bias=False)
+    opt = make_optimizer(layer, 1e-3, 0.0, name=optimizer)
+    gen = torch.Generator().manual_seed(0)
+    layer.weight.grad = torch.randn(layer.weight.shape, generator=gen)
+    opt.step()  # the first step creates the state
+    peak = TensorPeak("cpu")
+    peak.start()
+    opt.step()
+    return peak.stop() * 2**20 / layer.weight.numel()
+
+
+def per_rank(parts: dict[str, int], stage: str, world_size: int) -> dict[str, float]:
+    """Bytes per rank of weights, gradients and optimizer state under ``stage`` on ``world_size`` ranks.
+
+    DDP replicates all three; ZeRO-1 shards the optimizer state, ZeRO-2 also the gradients, ZeRO-3 /
+    FSDP also the weights (Rajbhandari et al. 2020). Activations are per rank anyway (its own batch).
+    """
+    if stage not in STAGES:
+        raise ValueError(f"stage must be one of {', '.join(STAGES)}, got {stage!r}.")
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}.")
+    level = STAGES.index(stage)
+    n = world_size
+    out = {
+        "weights": parts["weights"] / (n if level >= 3 else 1),
+        "gradients": parts["gradients"] / (n if level >= 2 else 1),
+        "optimizer state": parts["optimizer state"] / (n if level >= 1 else 1),
+    }
+    out["total"] = sum(out.values())
+    return out
+
+
+def bytes_per_param(precision_weights: int, grads: int, master: int, state: int) -> dict[str, int]:
+    """One row of the bytes-per-parameter accounting: weights, gradients, master copy, optimizer state."""
+    row = {
+        "weights": precision_weights,
+        "gradients": grads,
+        "master weights": master,
+        "optimizer state": state,
+    }
+    row["total"] = sum(row.values())
+    return row
+
+
+MIXED_ADAMW = bytes_per_param(2, 2, 4, 8)  # ZeRO's mixed precision: 16-bit weights/grads, fp32 master, Adam
+AUTOCAST_ADAMW = bytes_per_param(4, 4, 0, 8)  # the course's autocast: fp32 weights and grads, no master copy
+
+
+# ---------------------------------------------------------------- measurement
+
+
+def _tensor_bytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def measure(model: torch.nn.Module, batch: dict, setup: Setup, lr: float = 1e-4) -> dict[str, float]:
+    """Measured bytes of each part (``PARTS``) on the model's device: two steps, the second measured.
+
+    Gradients and optimizer state after the first step (``optimizer_state_bytes``), what autograd saves
+    in the second forward (``SavedTensors``) and the second step's peak (``TensorPeak``, gradients freed
+    before it). The model is trained in place.
+    """
+    from course_lib.training.amp import TorchAmp
+    from course_lib.training.checkpointing import enable_checkpointing
+    from course_lib.training.optim import make_optimizer
+
+    device = next(model.parameters()).device
+    enable_checkpointing(model, setup.gradient_checkpointing)
+    amp = TorchAmp(device, setup.precision)
+    optimizer = make_optimizer(model, lr, 0.01, name=setup.optimizer)
+    model.train()
+    with amp.autocast():
+        loss = model(**batch).loss
+    loss.backward()
+    grads = _tensor_bytes(p.grad for p in model.parameters() if p.grad is not None)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    state = optimizer_state_bytes(optimizer)
+
+    peak = TensorPeak(device)
+    peak.start()
+    with SavedTensors() as saved, amp.autocast():
+        loss = model(**batch).loss
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    peak_bytes = peak.stop() * 2**20
+    enable_checkpointing(model, False)
+    return {
+        "weights": _tensor_bytes(model.parameters()),
+        "gradients": grads,
+        "optimizer state": state,
+        "saved for backward": saved.bytes,
+        "step peak": peak_bytes,
+    }
+
+
+def compare(predicted: dict[str, float], measured: dict[str, float]) -> list[dict]:
+    """One row per part: predicted and measured bytes and the relative error (measured as reference)."""
+    rows = []
+    for part in PARTS:
+        p, m = predicted[part], measured[part]
+        rows.append(
+            {"part": part, "predicted": int(p), "measured": int(m), "error": abs(p - m) / m if m else 0.0}
+        )
+    return rows
+
+
+def setup_row(setup: Setup) -> dict:
+    """A setup as table columns."""
+    return asdict(setup)
