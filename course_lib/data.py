@@ -262,3 +262,75 @@ def label_balance(labels: Iterable[int]) -> float:
     """Share of positive labels."""
     labels = list(labels)
     return sum(labels) / max(1, len(labels))
+
+
+class _BatchesOnDevice:
+    """A length-grouped DataLoader's batches moved to ``device`` (not a DataLoader: ``accelerator.prepare``
+    passes it through unchanged, as it does a ``ShardedLoader``); ``batch_sampler.set_epoch`` reshuffles."""
+
+    def __init__(self, loader: DataLoader, device) -> None:
+        self.loader, self.device = loader, torch.device(device)
+        self.batch_sampler = loader.batch_sampler
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self):
+        from course_lib.devices import to_device
+
+        for batch in self.loader:
+            yield to_device(batch, self.device)
+
+
+def make_train_loader(
+    split,
+    tokenizer,
+    batch_size: int,
+    precision: str = "no",
+    seed: int = 0,
+    pad_to: int | None = None,
+    pad_multiple: int | None = None,
+    group_by_length: bool = False,
+    world_size: int = 1,
+    rank: int = 0,
+    device="cpu",
+    drop_last: bool = False,
+):
+    """The training batches of ``python -m course_lib.cli.train`` and of the recipe ladder (one definition).
+
+    Shuffled by ``seed`` and the epoch. ``pad_to``: every batch padded to that many tokens (the slides'
+    ``padding="max_length"``); else dynamic padding to the batch's longest row, rounded up to a multiple
+    of ``pad_multiple`` (default: 8 under mixed precision, else none). ``group_by_length``: batches of
+    similar lengths (``LengthGroupedBatchSampler``; one process only). Otherwise this rank's shard of a
+    ``DistributedSampler`` order (``course_lib.distributed.ShardedLoader``).
+    """
+    from course_lib.distributed import ShardedLoader
+
+    if pad_multiple is not None and (pad_multiple < 1 or pad_to is not None):
+        raise ValueError(
+            f"pad_multiple={pad_multiple}: use a positive multiple, and only with dynamic padding (pad_to=None)."
+        )
+    collate_fn = make_collator(tokenizer, precision, pad_to)
+    if pad_to is None and pad_multiple is not None:
+        from transformers import DataCollatorWithPadding
+
+        collate_fn = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=pad_multiple)
+    if not group_by_length:
+        return ShardedLoader(
+            split,
+            batch_size,
+            collate_fn,
+            world_size,
+            rank,
+            device,
+            shuffle=True,
+            seed=seed,
+            drop_last=drop_last,
+        )
+    if world_size != 1:
+        raise ValueError(
+            "Length-grouped batches are built for one process here: leave out --group-by-length under "
+            f"{world_size} processes (dynamic padding still applies)."
+        )
+    sampler = LengthGroupedBatchSampler(split_lengths(split), batch_size, seed=seed, drop_last=drop_last)
+    return _BatchesOnDevice(DataLoader(split, batch_sampler=sampler, collate_fn=collate_fn), device)

@@ -10,7 +10,18 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "course_lib"
 MAX_LINES = 400
-TECHNIQUES = ("amp", "accelerator", "accum", "ddp", "clip", "resume", "optim", "checkpointing", "local_sgd")
+TECHNIQUES = (
+    "amp",
+    "accelerator",
+    "accum",
+    "ddp",
+    "clip",
+    "resume",
+    "optim",
+    "checkpointing",
+    "local_sgd",
+    "kernels",
+)
 
 
 def module_name(path: Path) -> str:

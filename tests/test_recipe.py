@@ -1,7 +1,8 @@
 """The recipe ladder (``python -m course_lib.cli.recipe``) and the data code it adds.
 
-No timing assertions: times are only checked for bookkeeping (positive, increasing within a run).
-The data tests are fast; ``test_quick_ladder_*`` share one ``--quick`` run (about a minute on 2 cores).
+No timing assertions on real measurements: the decisions are tested with scripted evaluations and
+throughputs against statuses written out by hand. The data tests are fast; ``test_quick_ladder_*``
+share one ``--quick`` run (slow tier).
 """
 
 import json
@@ -13,8 +14,9 @@ import pytest
 import torch
 
 from course_lib import data
-from course_lib.benchmark import recipe, rungs
+from course_lib.benchmark import ladder, recipe, rungs
 from course_lib.cli import recipe as recipe_cli
+from course_lib.cli import train as train_cli
 from course_lib.models import load_tokenizer
 from course_lib.tooling import sections
 
@@ -113,7 +115,7 @@ def test_grouped_loader_changes_order_each_epoch_and_keeps_every_row(rows, token
 
 
 # ---------------------------------------------------------------------------------------------
-# Settings, verdict and report from made-up records (fast)
+# Settings and the decision rule (fast)
 
 
 def test_config_rejects_what_would_break_the_comparison():
@@ -123,98 +125,144 @@ def test_config_rejects_what_would_break_the_comparison():
         recipe.RecipeConfig(rungs=("dynamic_padding",))
     with pytest.raises(ValueError, match="multiple of large_batch"):
         recipe.RecipeConfig(eval_every=5, large_batch=2)
+    with pytest.raises(ValueError, match="seeds and rounds must be >= 3"):
+        recipe.RecipeConfig(seeds=2)
     assert recipe.quick_config(epochs=2).epochs == 2
 
 
-def _row(number, name, status, seconds=None, reason="why", final=0.8):
-    row = {"rung": number, "name": name, "label": name.replace("_", " "), "status": status, "reason": reason}
-    if seconds is not None or status in ("reference", "kept", "dropped"):
-        evals = [{"step": 4, "examples": 64, "seconds": (seconds or 9.0) / 2, "accuracy": 0.6}]
-        evals.append({"step": 8, "examples": 128, "seconds": seconds or 9.0, "accuracy": final})
-        row.update(
-            evals=evals,
-            time_to_target_s=seconds,
-            steps_to_target=8 if seconds else None,
-            tokens_per_s=1000.0,
-            real_tokens_per_s=400.0,
-            real_tokens=400,
-            padded_tokens=1000,
-            final_accuracy=final,
-            peak_mem_mb=12.5,
-            train_seconds=seconds or 9.0,
-        )
-    return row
+@pytest.mark.parametrize(
+    "prev_eps, trial_eps, prev_ex, trial_ex, status",
+    [
+        ([100, 60, 90], [300, 170, 280], [128, 128, 192], [128, 128, 192], "kept"),  # 2.8-3.1x every round
+        ([100, 60, 90], [50, 33, 44], [128, 128, 192], [128, 128, 192], "dropped"),  # slower every round
+        ([100, 60, 90], [105, 58, 95], [128, 128, 192], [128, 128, 192], "within noise"),  # 0.97-1.06x
+        ([100, 100, 100], [130, 130, 130], [128, 128, 128], [64, 192, 128], "within noise"),  # seeds spread
+        ([100, 100, 100], [130, 130, 130], [128, 128, 128], [128, None, 64], "dropped"),  # a seed misses
+    ],
+)
+def test_decide_keeps_only_a_gain_above_the_spread(prev_eps, trial_eps, prev_ex, trial_ex, status):
+    decision = ladder.decide(prev_eps, trial_eps, prev_ex, trial_ex)
+    assert decision["status"] == status, decision
+    if status != "dropped" or None not in trial_ex:
+        gain = decision["gain"]
+        assert gain["low"] <= gain["median"] <= gain["high"]
 
 
-def _record(rows, target=0.79):
-    cfg = recipe.quick_config()
-    return {
-        "about": recipe.RECIPE_ABOUT,
-        "date": "2026-12-01",
-        "seconds": 95.0,
-        "cores": 2,
-        "machine": "cpu: test CPU, 2 threads; torch x",
-        "load_average": [0.5, 0.7],
-        "config": json.loads(json.dumps(cfg.__dict__)),
-        "train_rows": 256,
-        "eval_rows": 128,
-        "target": target,
-        "recipe": "dynamic padding, fp32",
-        "rows": rows,
+def test_decide_counts_one_off_compilation_in_the_time_to_target():
+    # 2x the examples per second, but 10 s of compilation against a 1.28 s run: slower.
+    decision = ladder.decide([100] * 3, [200] * 3, [128] * 3, [128] * 3, 0.0, 10.0)
+    assert decision["status"] == "dropped" and decision["gain"]["high"] < 1
+    decision = ladder.decide([1] * 3, [2] * 3, [128] * 3, [128] * 3, 0.0, 10.0)  # 128 s -> 74 s
+    assert decision["status"] == "kept"
+
+
+class Scripted:
+    """A stand-in for ``ladder.Measured``: throughputs and evaluations by the stack, written by hand."""
+
+    eval_rows, train_rows, machine = 100, 256, "scripted machine"
+
+    def __init__(self, raise_on: str | None = None) -> None:
+        self.calls, self.raise_on = 0, raise_on
+
+    def skip(self, rung):
+        return "no SDPA here" if rung.name == "sdpa" else None
+
+    def precision(self):
+        return "no", "matmuls measured BF16 0.50x fp32 here (not >= 1.15x): slower, so not tried"
+
+    def throughput(self, stack, fresh_compile=False):
+        if self.raise_on == "throughput" and stack.fused_adamw:
+            raise RuntimeError("the fused kernel crashed")
+        load = (1.0, 0.55, 0.8)[(self.calls // 2) % 3]  # the machine's load changes from round to round
+        self.calls += 1
+        eps = 100.0 * (3.0 if stack.dynamic_padding else 1.0) * (1.02 if stack.group_by_length else 1.0)
+        eps *= 0.5 if stack.fused_adamw else 1.0
+        eps *= 1.6 if stack.batch_mult > 1 else 1.0
+        eps *= load
+        return {"examples_per_s": eps, "tokens_per_s": 40 * eps, "real_tokens_per_s": 30 * eps}
+
+    def accuracy(self, stack, seed, stop_at):
+        if stack.batch_mult > 1:  # the large batch never gets there with seed 1
+            curve = [60, 70, 75, 78] if seed != 1 else [60, 65, 70, 72]
+        elif stack.group_by_length:
+            curve = {0: [70, 77, 80, 81], 1: [60, 70, 72, 82], 2: [77, 78, 80, 80]}[seed]
+        else:
+            curve = {0: [70, 77, 80, 81], 1: [70, 74, 77, 82], 2: [65, 72, 78, 80]}[seed]
+        evals = [{"examples": 64 * (i + 1), "correct": c, "accuracy": c / 100} for i, c in enumerate(curve)]
+        if stop_at is not None:
+            evals = evals[: next((i + 1 for i, e in enumerate(evals) if e["correct"] >= stop_at), len(evals))]
+        return {"seed": seed, "evals": evals, "final_correct": evals[-1]["correct"]}
+
+
+def _scripted_record(**kw):
+    cfg = recipe.RecipeConfig(
+        **{"batch_size": 16, "eval_every": 4, "rungs": recipe.quick_config().rungs, **kw}
+    )
+    return recipe.run_ladder(cfg, log=lambda line: None, measure=Scripted())
+
+
+def test_the_ladder_decides_scripted_measurements_as_written_by_hand():
+    record = _scripted_record()
+    # Lowest final 80 of 100 rows: p = 0.8, standard error 0.04 = 4 rows: target 76 rows.
+    assert record["target"]["correct"] == 76 and record["target"]["tolerance_rows"] == 4
+    statuses = {r["name"]: r["status"] for r in record["rows"]}
+    assert statuses == {
+        "slides": "reference",
+        "dynamic_padding": "kept",  # 3x the examples per second in every round, whatever the load
+        "length_grouping": "within noise",  # 1.02x, and the seeds need 0.75x to 3x the examples
+        "fused_adamw": "dropped",  # half the examples per second in every round
+        "sdpa": "skipped",
+        "mixed_precision": "skipped",
+        "compile": "not run",
+        "large_batch": "dropped",  # never reaches the target with seed 1
     }
-
-
-def test_verdict_names_what_paid_what_was_dropped_and_the_ratio():
-    record = _record(
-        [
-            _row(1, "slides", "reference", 10.0),
-            _row(2, "dynamic_padding", "kept", 4.0),
-            _row(3, "length_grouping", "dropped", None, reason="did not reach the target within the budget"),
-            _row(6, "mixed_precision", "skipped", reason="bf16 matmuls measured 0.50x fp32 here"),
-        ]
-    )
+    rows = {r["name"]: r for r in record["rows"]}
+    assert rows["slides"]["examples_to_target"] == [128, 192, 192]
+    assert rows["dynamic_padding"]["examples_to_target"] == [128, 192, 192]  # same function: inherited
+    assert rows["dynamic_padding"]["gain"] == pytest.approx({"median": 3.0, "low": 3.0, "high": 3.0})
+    assert rows["length_grouping"]["examples_to_target"] == [128, 256, 64]
+    assert "1 of 3 seeds" in rows["large_batch"]["reason"]
+    final = record["final"]
+    assert final["recipe"] == rungs.describe(rungs.Stack(dynamic_padding=True))
+    assert math.isclose(final["gain"]["median"], 3.0) and final["gain"]["low"] >= recipe.SPEEDUP_TARGET
+    assert "--padding dynamic" in final["command"] and "--fused-adamw no" in final["command"]
     lines = recipe.verdict(record)
-    assert "2 dynamic_padding" in lines[0] and "3 length_grouping" in lines[1]
-    assert "0.50x fp32" in lines[2]
-    assert "2.50x sooner" in lines[3] and "met" in lines[3]
+    assert "2 dynamic_padding" in lines[0] and "3 length_grouping" in lines[1] and "4 fused_adamw" in lines[2]
+    assert "met" in lines[4] and final["command"] in lines[5]
     report = recipe.markdown_report(record)
-    assert "| 1 | slides | reference | 10.0 | 1.00x |" in report
-    assert "dropped: did not reach the target" in report and "| 40% |" in report
-    assert "evaluation is not counted" in report
+    assert "| 1 | the slides' settings" in report and "76 of 100 rows" in report
+    assert "(same function: the stack before's)" in report
 
 
-def test_a_missed_target_says_which_rung_fell_short():
-    record = _record(
-        [_row(1, "slides", "reference", 10.0), _row(2, "dynamic_padding", "dropped", 11.0, reason="0.91x")]
-    )
-    assert (
-        "MISSED" in recipe.verdict(record)[-1] and "dynamic_padding did not pay" in recipe.verdict(record)[-1]
-    )
-    record = _record([_row(1, "slides", "reference", 10.0), _row(2, "dynamic_padding", "kept", 8.0)])
-    assert "1.25x" in recipe.verdict(record)[-1] and "gave too little" in recipe.verdict(record)[-1]
+def test_a_rung_that_raises_fails_the_ladder():
+    cfg = recipe.RecipeConfig(batch_size=16, eval_every=4, rungs=recipe.quick_config().rungs)
+    with pytest.raises(RuntimeError, match="fused kernel crashed"):
+        recipe.run_ladder(cfg, log=lambda line: None, measure=Scripted(raise_on="throughput"))
 
 
-def test_time_to_target_is_the_first_evaluation_on_target():
-    evals = [{"accuracy": a, "seconds": s} for a, s in ((0.5, 1.0), (0.81, 2.0), (0.79, 3.0), (0.9, 4.0))]
-    assert recipe.time_to(evals, 0.8)["seconds"] == 2.0
-    assert recipe.time_to(evals, 0.95) is None
+def test_a_ladder_that_keeps_nothing_recommends_the_slides_settings_and_says_it_missed():
+    record = _scripted_record(rungs=("slides", "fused_adamw"))
+    assert [r["status"] for r in record["rows"] if r["status"] != "not run"] == ["reference", "dropped"]
+    assert record["final"]["gain"]["median"] == 1.0
+    assert "MISSED" in recipe.verdict(record)[4]
 
 
 def test_apply_changes_one_field_and_mixed_precision_takes_the_measured_choice():
-    ladder = {r.name: r for r in rungs.ladder(large_batch=4)}
+    steps = {r.name: r for r in rungs.ladder(large_batch=4)}
     base = rungs.Stack()
-    assert rungs.apply(ladder["dynamic_padding"], base) == rungs.Stack(dynamic_padding=True)
-    assert rungs.apply(ladder["mixed_precision"], base, "bf16").precision == "bf16"
-    assert rungs.apply(ladder["large_batch"], base).batch_mult == 4
+    assert rungs.apply(steps["dynamic_padding"], base) == rungs.Stack(dynamic_padding=True)
+    assert rungs.apply(steps["mixed_precision"], base, "bf16").precision == "bf16"
+    assert rungs.apply(steps["large_batch"], base).batch_mult == 4
     assert [r.name for r in rungs.ladder()] == list(rungs.RUNG_NAMES)
+    assert set(rungs.SAME_FUNCTION) == {"dynamic_padding", "fused_adamw", "sdpa", "compile"}
 
 
 @pytest.mark.parametrize(
     ("bf16_gflops", "native", "expected", "says"),
     [
-        (240.0, True, "bf16", "2.40x fp32"),  # AMX / Zen 4
-        (110.0, True, "no", "1.10x fp32 here (not >= 1.15x)"),  # instructions, no gain
-        (25.0, False, "no", "0.25x fp32 here (not >= 1.15x; this CPU has no AVX512-BF16/AMX"),
+        (240.0, True, "bf16", "bf16 2.40x fp32"),  # AMX / Zen 4
+        (110.0, True, "no", "bf16 1.10x fp32 here (not >= 1.15x)"),  # instructions, no gain
+        (25.0, False, "no", "bf16 0.25x fp32 here (not >= 1.15x); this CPU has no AVX512-BF16/AMX"),
     ],
 )
 def test_rung_6_decides_from_the_measured_matmul_ratio(monkeypatch, bf16_gflops, native, expected, says):
@@ -227,6 +275,33 @@ def test_rung_6_decides_from_the_measured_matmul_ratio(monkeypatch, bf16_gflops,
     assert precision == expected and says in why, (precision, why)
 
 
+def test_on_cuda_rung_6_measures_too(monkeypatch):
+    from course_lib.instruments import throughput
+
+    measured = {torch.float32: 100.0, torch.bfloat16: 150.0, torch.float16: 400.0}
+    monkeypatch.setattr(throughput, "matmul_gflops", lambda dtype, *a, **k: {"gflops": measured[dtype]})
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    precision, why = rungs.mixed_precision_choice(torch.device("cuda"))
+    assert precision == "fp16" and "fp16 4.00x" in why and "bf16 1.50x" in why, why
+
+
+def test_the_printed_command_parses_into_the_recipe_stack():
+    cfg = recipe.RecipeConfig(batch_size=16, train_rows=512, eval_rows=204, seed=3)
+    stack = rungs.Stack(True, True, True, "sdpa", "bf16", True, 2)
+    run = train_cli.parse_args(rungs.cli_flags(stack, cfg, train_rows=512))
+    train_cfg, loader = rungs.train_settings(stack, cfg, cfg.seed)
+    assert (run.batch_size, run.lr, run.precision, run.seed) == (32, train_cfg.lr, "bf16", 3)
+    assert (run.padding, run.group_by_length, run.fused_adamw, run.compile) == ("dynamic", True, "yes", True)
+    assert (run.attn_implementation, run.train_rows, run.eval_rows) == ("sdpa", 512, 204)
+    slides = train_cli.parse_args(rungs.cli_flags(rungs.Stack(), cfg))
+    assert (slides.padding, slides.max_length, slides.fused_adamw, slides.attn_implementation) == (
+        "max_length",
+        128,
+        "no",
+        "eager",
+    )
+
+
 def test_cli_refuses_check_without_a_record_and_a_missing_record(tmp_path, capsys):
     assert recipe_cli.main(["--check"]) == 2
     assert "--from-json" in capsys.readouterr().err
@@ -234,6 +309,29 @@ def test_cli_refuses_check_without_a_record_and_a_missing_record(tmp_path, capsy
     readme.write_text("# R\n\n<!-- recipe:start -->\n<!-- recipe:end -->\n", encoding="utf-8")
     assert recipe_cli.main(["--from-json", str(tmp_path / "none.json"), "--readme", str(readme)]) == 2
     assert recipe.MEASURE_COMMAND in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------
+# The rungs that change only kernels or padding compute the same function (a few real steps)
+
+
+def test_kernel_and_padding_rungs_compute_the_same_losses_within_rounding():
+    cfg = recipe.quick_config(train_rows=64)
+    prepared = rungs.prepare(cfg)
+    stacks = [
+        rungs.Stack(),
+        rungs.Stack(dynamic_padding=True),
+        rungs.Stack(dynamic_padding=True, fused_adamw=True),
+        rungs.Stack(dynamic_padding=True, fused_adamw=True, attention="sdpa"),
+    ]
+    losses = rungs.same_function_losses(stacks, prepared, cfg, torch.device("cpu"), steps=3)
+    for other in losses[1:]:
+        assert len(other) == 3 and all(math.isclose(a, b, rel_tol=1e-4) for a, b in zip(losses[0], other))
+    # Length grouping changes the batches, so the losses differ: it is not in SAME_FUNCTION.
+    grouped = rungs.same_function_losses(
+        [rungs.Stack(group_by_length=True)], prepared, cfg, torch.device("cpu")
+    )
+    assert not all(math.isclose(a, b, rel_tol=1e-4) for a, b in zip(losses[0], grouped[0]))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -249,63 +347,59 @@ def quick(tmp_path_factory):
         "# Course\n\n<!-- recipe:start -->\nold\n<!-- recipe:end -->\n\nafter\n", encoding="utf-8"
     )
     argv = ["--quick", "--json", str(out / "recipe.json"), "--markdown", str(out / "recipe.md")]
-    argv += ["--plot", str(out / "recipe.png"), "--readme", str(readme), "--memory"]
+    argv += ["--plot", str(out / "recipe.png"), "--readme", str(readme)]
     assert recipe_cli.main(argv) == 0
     record = json.loads((out / "recipe.json").read_text(encoding="utf-8"))
     return {"dir": out, "readme": readme, "record": record}
 
 
+@pytest.mark.slow
 def test_quick_ladder_record_has_a_row_per_rung_with_its_schema(quick):
     record = quick["record"]
-    assert record["about"] and record["target"] is not None and record["machine"]
+    assert record["about"] and record["target"]["correct"] > 0 and record["machine"]
     assert [r["name"] for r in record["rows"]] == list(rungs.RUNG_NAMES)
     for row in record["rows"]:
-        assert row["status"] in ("reference", "kept", "dropped", "skipped", "not run", "failed")
+        assert row["status"] in ("reference", "kept", "dropped", "within noise", "skipped", "not run")
         assert row["reason"], row  # every row says why it has its status
-        if row["status"] in ("reference", "kept", "dropped"):
-            for key in ("train_seconds", "tokens_per_s", "real_tokens_per_s", "final_accuracy", "evals"):
-                assert row[key] is not None, (row["name"], key)
-            assert row["real_tokens"] <= row["padded_tokens"]
-            assert row["peak_mem_mb"] is None or row["peak_mem_mb"] > 0
+        if row["status"] in recipe.RAN:
+            assert len(row["examples_to_target"]) == len(record["seeds"]) >= 3
+            assert len(row["examples_per_s"]) == record["config"]["rounds"] >= 3
+            assert (
+                all(x > 0 for x in row["examples_per_s"]) and row["real_tokens_per_s"] <= row["tokens_per_s"]
+            )
     statuses = {r["name"]: r["status"] for r in record["rows"]}
     assert statuses["slides"] == "reference" and statuses["compile"] == "not run"
     assert (quick["dir"] / "recipe.png").stat().st_size > 0
 
 
-def test_quick_ladder_bookkeeping_is_monotone_and_evaluations_line_up(quick):
-    ran = [r for r in quick["record"]["rows"] if "evals" in r]
-    assert len(ran) >= 4
-    points = [[e["examples"] for e in r["evals"]] for r in ran]
-    assert all(p == points[0] for p in points), "every rung evaluates after the same training examples"
-    same_batch = [[e["step"] for e in r["evals"]] for r in ran if r["batch_size"] == ran[0]["batch_size"]]
-    assert all(s == same_batch[0] for s in same_batch)
-    for r in ran:
-        seconds = [e["seconds"] for e in r["evals"]]
-        assert all(b > a for a, b in zip(seconds, seconds[1:])) and seconds[0] > 0
-        assert math.isclose(seconds[-1], r["train_seconds"])
-        assert r["steps"] * r["batch_size"] == r["evals"][-1]["examples"]
-    # Rung 1 pads to max_length: every position it computed on is a multiple of the batch x 128.
-    slides = ran[0]
-    assert slides["padded_tokens"] == slides["steps"] * slides["batch_size"] * 128
-    assert (
-        ran[1]["padded_tokens"] < slides["padded_tokens"] and ran[1]["real_tokens"] == slides["real_tokens"]
-    )
-
-
-def test_quick_ladder_reference_reaches_its_target_and_decisions_follow_the_times(quick):
+@pytest.mark.slow
+def test_quick_ladder_evaluations_line_up_and_the_reference_reaches_its_target(quick):
     record = quick["record"]
     ref = record["rows"][0]
-    assert ref["time_to_target_s"] is not None and ref["final_accuracy"] >= record["target"]
-    kept_time = ref["time_to_target_s"]
+    target = record["target"]["correct"]
+    assert all(run["final_correct"] >= target for run in ref["accuracy_runs"])
+    points = [e["examples"] for e in ref["accuracy_runs"][0]["evals"]]
+    for row in record["rows"]:
+        for run in row.get("accuracy_runs", []):
+            examples = [e["examples"] for e in run["evals"]]
+            assert examples == points[: len(examples)], "every run evaluates after the same examples"
     for row in record["rows"][1:]:
-        if row["status"] == "kept":
-            assert row["time_to_target_s"] < kept_time
-            kept_time = row["time_to_target_s"]
-        elif row["status"] == "dropped":
-            assert row["time_to_target_s"] is None or row["time_to_target_s"] >= kept_time
-    assert "x sooner" in recipe.verdict(record)[-1]
+        if "gain" in row:  # the status follows the rule from the recorded numbers
+            expected = ladder.decide(
+                row["before_examples_per_s"],
+                row["examples_per_s"],
+                _examples_before(record, row),
+                row["examples_to_target"],
+            )
+            assert expected["status"] == row["status"] or row.get("once_s")
 
 
+def _examples_before(record, row):
+    kept = [r for r in record["rows"] if r["rung"] < row["rung"] and r["status"] in ("reference", "kept")]
+    return kept[-1]["examples_to_target"]
+
+
+@pytest.mark.slow
 def test_quick_ladder_renders_from_json_to_the_written_section(quick, capsys):
     record, readme = quick["record"], quick["readme"]
     body = sections.read_block(readme, recipe.RECIPE)

@@ -1,37 +1,35 @@
 """Time to accuracy: the recipe ladder behind ``python -m course_lib.cli.recipe`` (README, "Time to accuracy").
 
-The slides' loop (rung 1) fine-tunes the course model for a fixed budget; its final validation
-accuracy, less ``tolerance``, is the target. Every further rung adds one change to the stack kept so
-far and trains again from the same weights, on the same data, with the same seed and the same
-evaluation schedule. A rung *pays* when it reaches the target sooner (wall time, evaluation not
-counted) than the stack before it; one that does not is dropped from the stack for the rungs after
-it. The recommended recipe is the last kept stack: the fastest measured on this machine.
+Time to target = examples to target / examples per second (+ compilation, where a stack compiles),
+each factor measured the way it is stable:
+
+* **Examples per second**: each rung is timed against the stack before it in ``rounds`` short,
+  interleaved rounds (A B, B A, A B, ...), so load on the machine hits both alike; the rung's gain
+  is taken per round (paired), and its median and range are reported.
+* **Examples to target**: from the evaluation schedule, over ``seeds`` seeds (median and range), for
+  the rungs that change the optimisation (length grouping, mixed precision, a larger batch). The
+  rungs that change only the kernels or the padding (``rungs.SAME_FUNCTION``) compute the same
+  function, so their examples to target are those of the stack before them.
+
+Target: the lowest final validation accuracy of the slides' settings over the seeds, less
+``tolerance_se`` binomial standard errors of the validation set (counted in validation rows). A
+rung is **kept** when its gain over the stack before it exceeds the measured spread (the smallest
+gain over rounds x seeds is above 1), **dropped** when even the largest is below 1 or a seed never
+reaches the target, and **within noise** otherwise (not kept). The recommended recipe is the last
+kept stack; it is measured once more against the slides' settings, interleaved the same way.
 """
 
 from __future__ import annotations
 
-import os
-import time
-from dataclasses import asdict, dataclass, fields
+import statistics
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from course_lib.benchmark.harness import load_average, machine_summary
+from course_lib.benchmark.ladder import run_ladder as ladder_run
+from course_lib.benchmark.ladder import spread
 from course_lib.benchmark.report import format_cell
-from course_lib.benchmark.rungs import (
-    RUNG_NAMES,
-    Stack,
-    apply,
-    describe,
-    ladder,
-    mixed_precision_choice,
-    prepare,
-    run_stack,
-    skip_reason,
-    warm_up,
-)
-from course_lib.devices import get_device
-from course_lib.mixed_precision import precision_label
+from course_lib.benchmark.rungs import RUNG_NAMES
 from course_lib.tooling import sections
 
 RECIPE = "recipe"  # the generated section in README.md
@@ -40,32 +38,34 @@ RECIPE_FILES = ("README.md",)
 RENDER_COMMAND = f"python -m course_lib.cli.recipe --from-json {RECIPE_RECORD} --readme README.md"
 MEASURE_COMMAND = f"python -m course_lib.cli.recipe --json {RECIPE_RECORD} --readme README.md"
 RECIPE_ABOUT = (
-    "One run of the recipe ladder (time to a fixed validation accuracy, rung by rung), written by `python -m "
-    "course_lib.cli.recipe --json PATH`. The README's recipe section is rendered from docs/results/recipe.json; "
-    f"`{RENDER_COMMAND}` renders it again without measuring. See docs/results/README.md."
+    "One run of the recipe ladder (time to a fixed validation accuracy as examples to target over seeds and "
+    "examples per second over interleaved rounds, rung by rung), written by `python -m course_lib.cli.recipe "
+    f"--json PATH`. The README's recipe section is rendered from docs/results/recipe.json; `{RENDER_COMMAND}` "
+    "renders it again without measuring. See docs/results/README.md."
 )
-SPEEDUP_TARGET = 1.5  # the recipe vs the slides' loop, time to the target
-RAN = ("reference", "kept", "dropped")  # statuses of rows that trained
+SPEEDUP_TARGET = 1.5  # the recipe vs the slides' settings, time to the target
+RAN = ("reference", "kept", "dropped", "within noise")  # statuses of rows that were measured
 
 
 @dataclass
 class RecipeConfig:
     """One ladder run (logged with ``asdict`` in the record)."""
 
-    epochs: int = 1  # the budget of every rung
+    epochs: int = 1  # the budget of every accuracy run
     batch_size: int = 32
-    lr: float = 2e-4  # x sqrt(batch multiple) on the large-batch rung
+    lr: float = 5e-4  # x sqrt(batch multiple) on the large-batch rung; linear warm-up and decay
     weight_decay: float = 0.01
     max_length: int = 128  # rung 1 pads every batch to this
-    eval_every: int = 8  # optimizer steps at batch_size between evaluations
+    eval_every: int = 8  # batches of batch_size training examples between evaluations
     train_rows: int | None = None  # None: the whole train split (rounded down to whole large batches)
     eval_rows: int | None = None  # None: the whole validation split
-    tolerance: float = 0.01  # target = rung 1's final accuracy minus this
-    target: float | None = None  # a fixed target instead
+    tolerance_se: float = 1.0  # target = lowest final correct rows of rung 1 less this many standard errors
+    seeds: int = 3  # accuracy runs per optimisation setting (seed, seed + 1, ...)
+    rounds: int = 3  # interleaved throughput rounds per comparison
+    warmup_steps: int = 1  # untimed steps at the start of each throughput run
+    timed_steps: int = 6  # timed steps of each throughput run
     large_batch: int = 2  # the large-batch rung's batch multiple
     rungs: tuple[str, ...] = RUNG_NAMES  # the rungs to run; the others get a row saying so
-    stop_at_target: bool = False  # end each rung after rung 1 at its first evaluation on target
-    memory: bool = True  # peak memory: one more step on the longest batch of each run
     seed: int = 0
     device: str | None = None
 
@@ -77,107 +77,48 @@ class RecipeConfig:
                 f"Unknown rung(s) {', '.join(unknown)}: use some of {', '.join(RUNG_NAMES)} (--rungs)."
             )
         if "slides" not in self.rungs:
-            raise ValueError("The ladder needs rung 'slides': its run sets the target and the time to beat.")
-        for name in ("epochs", "batch_size", "eval_every", "large_batch", "max_length"):
+            raise ValueError("The ladder needs rung 'slides': its runs set the target and the time to beat.")
+        for name in ("epochs", "batch_size", "eval_every", "large_batch", "max_length", "timed_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
+        if self.seeds < 3 or self.rounds < 3:
+            raise ValueError(
+                f"seeds and rounds must be >= 3 (a median and a range), got {self.seeds} and {self.rounds}."
+            )
+        if self.warmup_steps < 1:
+            raise ValueError(f"warmup_steps must be >= 1 (first-use costs), got {self.warmup_steps}.")
         if self.eval_every % self.large_batch:
             raise ValueError(
                 f"eval_every ({self.eval_every}) must be a multiple of large_batch ({self.large_batch}), so that "
                 "every rung evaluates after the same training examples."
             )
-        if self.lr <= 0 or not 0 <= self.tolerance < 1:
+        if self.lr <= 0 or self.tolerance_se < 0:
             raise ValueError(
-                f"lr must be positive and tolerance in [0, 1), got {self.lr} and {self.tolerance}."
+                f"lr must be positive and tolerance_se >= 0, got {self.lr} and {self.tolerance_se}."
             )
 
 
 def quick_config(**overrides: Any) -> RecipeConfig:
-    """The smoke-test preset: 256 rows, 1 epoch, no compile, no memory step (about a minute on 2 cores)."""
+    """The smoke-test preset: 256 rows, batch 16, no compile, short throughput rounds (under a minute)."""
     settings: dict[str, Any] = {
         "batch_size": 16,
         "lr": 1e-3,
         "eval_every": 4,
         "train_rows": 256,
         "eval_rows": 128,
+        "timed_steps": 3,
         "rungs": tuple(r for r in RUNG_NAMES if r != "compile"),
-        "memory": False,
     }
     return RecipeConfig(**{**settings, **overrides})
 
 
-def time_to(evals: list[dict[str, Any]], target: float) -> dict[str, Any] | None:
-    """The first evaluation at or above ``target`` (None: not reached)."""
-    return next((e for e in evals if e["accuracy"] >= target), None)
+def run_ladder(cfg: RecipeConfig, log=print, measure=None) -> dict[str, Any]:
+    """Run the ladder per ``cfg`` (``ladder.run_ladder``); return its record, ready to write."""
+    return {"about": RECIPE_ABOUT, **ladder_run(cfg, log, measure)}
 
 
-def run_ladder(cfg: RecipeConfig, log=print) -> dict[str, Any]:
-    """Run the ladder per ``cfg``; return its record (settings, machine, target, a row per rung)."""
-    device = get_device(cfg.device)
-    start, load = time.perf_counter(), [load_average()]
-    prepared = prepare(cfg)
-    warm_up(prepared, cfg, device)
-    stack, kept_time, target, rows = Stack(), None, cfg.target, []
-    for number, rung in enumerate(ladder(cfg.large_batch), start=1):
-        row: dict[str, Any] = {"rung": number, "name": rung.name, "label": rung.label}
-        rows.append(row)
-        if rung.name not in cfg.rungs:
-            row.update(status="not run", reason="left out of this run (--rungs / --quick)")
-            continue
-        reason, precision = skip_reason(rung, stack, prepared.model, device), "no"
-        if rung.name == "mixed_precision":
-            precision, row["why"] = mixed_precision_choice(device)
-            reason = None if precision != "no" else row["why"]
-            row["label"] += f" ({precision_label(precision)})" if precision != "no" else ""
-        if reason:
-            row.update(status="skipped", reason=reason)
-            log(f"rung {number} {rung.name}: skipped ({reason})")
-            continue
-        trial = apply(rung, stack, precision)
-        log(f"rung {number} {rung.name}: {describe(trial)} ...")
-        stop = target if cfg.stop_at_target and number > 1 else None
-        try:
-            result = run_stack(trial, prepared, cfg, device, stop_at=stop, memory=cfg.memory)
-        except Exception as err:  # a rung that fails (say, a compiler error) is reported, not fatal
-            row.update(status="failed", reason=f"{type(err).__name__}: {str(err).splitlines()[0][:200]}")
-            log(f"rung {number} {rung.name}: failed ({row['reason']})")
-            continue
-        row.update(result, stack=asdict(trial))
-        if target is None:  # rung 1 sets it
-            target = round(result["final_accuracy"] - cfg.tolerance, 6)
-        hit = time_to(result["evals"], target)
-        row["steps_to_target"] = hit["step"] if hit else None
-        row["examples_to_target"] = hit["examples"] if hit else None
-        row["time_to_target_s"] = hit["seconds"] if hit else None
-        if number == 1:
-            row.update(status="reference", reason="the slides' loop: sets the target and the time to beat")
-            stack, kept_time = trial, row["time_to_target_s"]
-        elif hit is None:
-            row.update(status="dropped", reason="did not reach the target within the budget")
-        elif kept_time is None or hit["seconds"] < kept_time:
-            row.update(
-                status="kept", reason=f"{kept_time / hit['seconds']:.2f}x sooner than the stack before it"
-            )
-            stack, kept_time = trial, hit["seconds"]
-        else:
-            seconds = f"{hit['seconds']:.1f} s to the target, not sooner than the {kept_time:.1f} s"
-            row.update(status="dropped", reason=f"{seconds} of the stack before it")
-        log(f"rung {number} {rung.name}: {row['status']} ({row['reason']})")
-    load.append(load_average())
-    return {
-        "about": RECIPE_ABOUT,
-        "date": time.strftime("%Y-%m-%d"),
-        "seconds": time.perf_counter() - start,
-        "cores": os.cpu_count(),
-        "machine": machine_summary(device),
-        "load_average": load,
-        "config": asdict(cfg),
-        "train_rows": len(prepared.train),
-        "eval_rows": len(prepared.eval_loader.dataset),
-        "target": target,
-        "recipe": describe(stack),
-        "rows": rows,
-    }
+# ---------------------------------------------------------------------------------------------
+# Reading a record
 
 
 def record_config(record: dict[str, Any]) -> RecipeConfig:
@@ -195,26 +136,30 @@ def _names(rows: list[dict[str, Any]], statuses: tuple[str, ...], why: bool = Fa
     return ", ".join(found) or "none"
 
 
+def recipe_gain(record: dict[str, Any]) -> dict[str, float]:
+    """The recipe's gain over the slides' settings: median, low, high (time to target, paired)."""
+    return record["final"]["gain"]
+
+
 def verdict(record: dict[str, Any]) -> list[str]:
-    """Which rungs paid here, which did not, the recipe and its ratio to rung 1, target met or not."""
-    rows = record["rows"]
-    ref = rows[0]
-    best = [r for r in rows if r["status"] in ("reference", "kept")][-1]  # the last kept stack
-    ratio = ref["time_to_target_s"] / best["time_to_target_s"]
-    ok = ratio >= SPEEDUP_TARGET
+    """Which rungs paid here, which did not, the recipe, its gain over rung 1, target met or not."""
+    rows, gain = record["rows"], recipe_gain(record)
+    ok = gain["low"] >= SPEEDUP_TARGET
     if ok:
         short = ""
-    elif any(r["status"] == "dropped" for r in rows):
-        short = f"; short of it because {_names(rows, ('dropped',))} did not pay here"
+    elif gain["median"] >= SPEEDUP_TARGET:
+        short = f"; its median is above {SPEEDUP_TARGET}x but its range reaches below"
     else:
-        short = f"; the kept rungs ({_names(rows, ('kept',))}) gave too little here"
+        short = f"; short of it: kept {_names(rows, ('kept',))}; not kept {_names(rows, ('dropped', 'within noise'))}"
     return [
-        f"Paid here (kept): {_names(rows, ('kept',))}.",
-        f"Did not pay (dropped from the stack for the rungs after it): {_names(rows, ('dropped',))}.",
-        f"Not run: {_names(rows, ('skipped', 'not run', 'failed'), why=True)}.",
-        f"Recommended recipe here: {record['recipe']}. It reached the target in {best['time_to_target_s']:.1f} s "
-        f"against {ref['time_to_target_s']:.1f} s for the slides' loop: {ratio:.2f}x sooner "
-        f"(target >= {SPEEDUP_TARGET}x: {'met' if ok else 'MISSED'}){short}.",
+        f"Kept (gain above the measured spread): {_names(rows, ('kept',))}.",
+        f"Within noise (not kept): {_names(rows, ('within noise',))}.",
+        f"Dropped (slower, or the target missed): {_names(rows, ('dropped',))}.",
+        f"Not run: {_names(rows, ('skipped', 'not run'), why=True)}.",
+        f"Recommended recipe here: {record['final']['recipe']}: {gain['median']:.2f}x sooner to the target than "
+        f"the slides' settings (range {gain['low']:.2f}-{gain['high']:.2f}x; target >= {SPEEDUP_TARGET}x over the "
+        f"whole range: {'met' if ok else 'MISSED'}){short}.",
+        f"Reproduce it: `{record['final']['command']}`.",
     ]
 
 
@@ -222,46 +167,74 @@ def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
     return format_cell(value, spec, suffix, missing="-")  # a rung that did not run: "-"
 
 
+def _range(s: dict[str, float] | None, spec: str, suffix: str = "") -> str:
+    if not s:
+        return "-"
+    return f"{s['median']:{spec}}{suffix} ({s['low']:{spec}}-{s['high']:{spec}})"
+
+
+def _examples(values: list[int | None] | None) -> str:
+    if not values:
+        return "-"
+    reached = [v for v in values if v is not None]
+    missed = len(values) - len(reached)
+    text = _range(spread(reached), ",.0f") if reached else "never"
+    return text + (f", {missed} missed" if missed and reached else "")
+
+
 COLUMNS = (
     "rung",
     "change",
     "status",
+    "examples/s",
+    "vs stack before",
+    "examples to target",
+    "gain",
     "time to target (s)",
-    "vs slides",
-    "steps to target",
-    "tokens/s",
     "real tokens/s",
-    "real share",
-    "final accuracy",
-    "peak mem (MB)",
-    "train time (s)",
 )
 
 
+def time_to_target(row: dict[str, Any]) -> float | None:
+    """Median examples to target over median examples per second, plus one-off seconds."""
+    reached = [v for v in row.get("examples_to_target") or [] if v is not None]
+    if not reached or not row.get("examples_per_s") or len(reached) < len(row["examples_to_target"]):
+        return None
+    return statistics.median(reached) / statistics.median(row["examples_per_s"]) + row.get("once_s", 0.0)
+
+
 def markdown_table(record: dict[str, Any]) -> str:
-    """One line per rung: its change, status, time to target and what it measured."""
-    ref = record["rows"][0].get("time_to_target_s")
+    """One line per rung: its change, status, the two factors with their spreads, the gain."""
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for r in record["rows"]:
-        t = r.get("time_to_target_s")
         status = r["status"] if r["status"] in ("reference", "kept") else f"{r['status']}: {r['reason']}"
-        share = r["real_tokens"] / r["padded_tokens"] if r.get("padded_tokens") else None
+        examples = _examples(r.get("examples_to_target"))
+        if r.get("same_function"):
+            examples += " (same function: the stack before's)"
         cells = [
             r["rung"],
             r["label"],
             status,
-            _fmt(t, ",.1f"),
-            _fmt(ref / t if t and ref else None, ".2f", "x"),
-            _fmt(r.get("steps_to_target"), "d"),
-            _fmt(r.get("tokens_per_s"), ",.0f"),
+            _range(r.get("examples_per_s_spread"), ",.1f"),
+            _range(r.get("throughput_ratio"), ".2f", "x"),
+            examples,
+            _range(r.get("gain"), ".2f", "x"),
+            _fmt(time_to_target(r), ",.1f"),
             _fmt(r.get("real_tokens_per_s"), ",.0f"),
-            _fmt(100 * share if share else None, ".0f", "%"),
-            _fmt(r.get("final_accuracy"), ".3f"),
-            _fmt(r.get("peak_mem_mb"), ",.1f"),
-            _fmt(r.get("train_seconds"), ",.1f"),
         ]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(lines)
+
+
+def target_sentence(record: dict[str, Any]) -> str:
+    """The target in validation rows, against the binomial standard error."""
+    t, n = record["target"], record["eval_rows"]
+    return (
+        f"validation accuracy >= {t['accuracy']:.3f} ({t['correct']} of {n:,} rows): the lowest final accuracy of "
+        f"the slides' settings over {len(record['seeds'])} seeds ({t['lowest_final_correct']} rows) less "
+        f"{t['tolerance_rows']} rows, {record_config(record).tolerance_se:g} binomial standard error "
+        f"(sqrt(p(1 - p) / n) = {t['standard_error']:.3f}, {t['standard_error'] * n:.1f} rows)"
+    )
 
 
 def markdown_report(record: dict[str, Any]) -> str:
@@ -271,21 +244,17 @@ def markdown_report(record: dict[str, Any]) -> str:
     if len(load) == 2 and None not in load:
         machine += f" (1-minute load average {load[0]:.1f} at the start, {load[1]:.1f} at the end"
         machine += f", {record['cores']} cores)" if record.get("cores") else ")"
-    how = (
-        f"the slides' loop's final accuracy after {cfg.epochs} epoch(s), {record['rows'][0]['final_accuracy']:.3f}, "
-        f"less a tolerance of {cfg.tolerance:g}"
-        if cfg.target is None
-        else "fixed for this run"
-    )
     header = (
         f"Measured on {machine}, {record['date']}; the whole run took {record['seconds'] / 60:.1f} min. "
-        f"Target: validation accuracy >= {record['target']:.3f} ({how}), on {record['eval_rows']:,} validation "
-        f"pairs. Every rung: the same {record['train_rows']:,} training pairs, seed {cfg.seed}, {cfg.epochs} "
-        f"epoch(s), batch {cfg.batch_size}, lr {cfg.lr:g} with linear decay, an evaluation every "
-        f"{cfg.eval_every * cfg.batch_size:,} training examples and at the end. Time: training only (data loading, "
-        "forward, backward, optimizer and any compilation); evaluation is not counted; the rungs run one after "
-        "another after a few untimed warm-up steps. Tokens/s count every position computed on, real tokens/s only "
-        "the unpadded ones. Peak memory: tensor bytes of one more training step on the run's longest batch."
+        f"Target: {target_sentence(record)}. Every run: the same {record['train_rows']:,} training pairs, "
+        f"{cfg.epochs} epoch(s), batch {cfg.batch_size}, lr {cfg.lr:g} (linear warm-up and decay) through the "
+        f"course loop, an evaluation every {cfg.eval_every * cfg.batch_size:,} training examples. Examples to "
+        f"target: median (range) over seeds {', '.join(map(str, record['seeds']))}, measured for the rungs that "
+        "change the optimisation; the others compute the same function and take the stack before's. Examples/s: "
+        f"median (range) over {cfg.rounds} rounds of {cfg.timed_steps} timed steps after {cfg.warmup_steps} "
+        "untimed, each rung interleaved with the stack before it. Gain: time to target of the stack before over "
+        "the rung's, over rounds x seeds; a rung is kept only when its whole range is above 1. Time to target: "
+        "training only (evaluation not counted), compilation included."
     )
     return (
         f"{header}\n\n{markdown_table(record)}\n\n"
@@ -302,29 +271,31 @@ def check_committed(root: Path = Path(".")) -> list[str]:
 
 
 def plot(record: dict[str, Any], path: str | Path | None = None, ax=None):
-    """The ladder as bars: seconds to the target per rung, labelled with the ratio to rung 1."""
+    """The ladder as bars: each rung's gain over the stack before it, with its range over rounds x seeds."""
     import matplotlib
 
     if path is not None:
         matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows, fig = record["rows"], None
+    rows, fig = [r for r in record["rows"][1:] if r.get("gain")], None
     if ax is None:
         fig, ax = plt.subplots(figsize=(8, 4))
-    colors = {"reference": "#555555", "kept": "#2a9d8f", "dropped": "#e76f51"}
-    heights = [r.get("time_to_target_s") or 0.0 for r in rows]
-    bars = ax.bar(range(len(rows)), heights, color=[colors.get(r["status"], "#cccccc") for r in rows])
-    ref = rows[0].get("time_to_target_s")
-    labels = [f"{ref / h:.2f}x" if h and ref else r["status"] for h, r in zip(heights, rows)]
-    ax.bar_label(bars, labels, fontsize=7, padding=2)
+    colors = {"kept": "#2a9d8f", "dropped": "#e76f51", "within noise": "#e9c46a"}
+    medians = [r["gain"]["median"] for r in rows]
+    errors = [
+        [m - r["gain"]["low"] for m, r in zip(medians, rows)],
+        [r["gain"]["high"] - m for m, r in zip(medians, rows)],
+    ]
+    ax.bar(range(len(rows)), medians, yerr=errors, capsize=4, color=[colors[r["status"]] for r in rows])
+    ax.axhline(1.0, color="black", lw=1)
     ax.set_xticks(
         range(len(rows)), [f"{r['rung']} {r['name']}" for r in rows], rotation=30, ha="right", fontsize=8
     )
-    ax.set_ylabel("seconds to the target (training only)")
+    ax.set_ylabel("gain over the stack before (x)")
     ax.set_title(
-        f"Time to validation accuracy {record['target']:.3f} (grey: rung 1, green: kept, red: dropped)",
-        fontsize=9,
+        "Time-to-target gain per rung, range over rounds x seeds (green kept, yellow within noise, red dropped)",
+        fontsize=8,
     )
     if fig is not None:
         fig.tight_layout()

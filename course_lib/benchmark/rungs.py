@@ -1,9 +1,17 @@
-"""The rungs of the recipe ladder and one timed run of a stack of them (``python -m course_lib.cli.recipe``).
+"""The rungs of the recipe ladder and its two measurements, through the course loop (``training.train``).
 
-A ``Stack`` is what one run trains with; each ``Rung`` changes one field of the stack it is put on.
-``run_stack`` fine-tunes a copy of the model with the slides' loop (``training.slides.train_pytorch``)
-on a stack's data and settings, evaluates on the validation split at fixed points of the data seen
-(the clock paused), and reports the training time up to each evaluation, tokens, and peak memory.
+A ``Stack`` is what one run trains with; each ``Rung`` changes one field of the stack it is put on,
+and ``train_settings`` turns a stack into the course loop's ``TrainConfig`` plus the training
+batches' settings (``data.make_train_loader``): exactly what ``python -m course_lib.cli.train`` builds
+from its flags (``cli_flags``). Time to target is measured as two factors:
+
+* ``throughput_run``: examples per second of a few steps of a stack (after untimed warm-up steps);
+  the ladder interleaves them in rounds (``course_lib.benchmark.recipe``).
+* ``accuracy_run``: the validation accuracy after every ``eval_every`` batches of training examples,
+  for one seed; the examples seen when it first reaches the target are its examples to target.
+
+Rungs in ``SAME_FUNCTION`` change only the kernels or the padding: the model computes the same
+function (``same_function_losses`` checks it), so their examples to target are the stack's before.
 """
 
 from __future__ import annotations
@@ -19,31 +27,23 @@ from typing import Any
 import torch
 
 from course_lib import data
-from course_lib.devices import seed_everything, to_device
-from course_lib.instruments.memory import TensorPeak
-from course_lib.instruments.timing import Stopwatch
-from course_lib.mixed_precision import (
-    FASTER,
-    advise_precision,
-    autocast_dtype,
-    cpu_has_fast_bf16,
-    precision_label,
-)
-from course_lib.training import slides
+from course_lib.devices import seed_everything
+from course_lib.mixed_precision import FASTER, advise_precision, cpu_has_fast_bf16, precision_label
+from course_lib.training import TrainConfig, train
 from course_lib.training.metrics import evaluate
 from course_lib.training.optim import fused_adamw_supported
 
 
 @dataclass(frozen=True)
 class Stack:
-    """What one run trains with. The default is rung 1, the slides' loop."""
+    """What one run trains with. The default is rung 1, the slides' settings."""
 
     dynamic_padding: bool = False  # False: every batch padded to max_length
     group_by_length: bool = False
-    fused_adamw: bool = False  # False: torch.optim.AdamW as the slides write it (its default kernel)
+    fused_adamw: bool = False  # False: torch.optim.AdamW's default (for-loop) kernel, as the slides write it
     attention: str = "eager"  # attn_implementation: "eager" or "sdpa"
     precision: str = "no"  # "no" (fp32), "bf16", "fp16"
-    compile: bool = False  # torch.compile; compilation counts in the wall time
+    compile: bool = False  # torch.compile; compilation counts in the time to target
     batch_mult: int = 1  # batch size x this, learning rate x sqrt(this)
 
 
@@ -59,13 +59,13 @@ class Rung:
 def ladder(large_batch: int = 2) -> tuple[Rung, ...]:
     """The rungs in order; rung 6's precision is decided on the machine (``mixed_precision_choice``)."""
     return (
-        Rung("slides", "the slides' loop (pad to max_length, fp32, AdamW, eager attention)", {}),
+        Rung("slides", "the slides' settings (pad to max_length, fp32, AdamW, eager attention)", {}),
         Rung("dynamic_padding", "dynamic padding (each batch to its longest row)", {"dynamic_padding": True}),
         Rung("length_grouping", "length-grouped batches", {"group_by_length": True}),
         Rung("fused_adamw", "fused AdamW", {"fused_adamw": True}),
         Rung("sdpa", "SDPA attention", {"attention": "sdpa"}),
         Rung("mixed_precision", "mixed precision", {"precision": None}),
-        Rung("compile", "torch.compile (from an empty compile cache)", {"compile": True}),
+        Rung("compile", "torch.compile (compilation counted)", {"compile": True}),
         Rung(
             "large_batch",
             f"batch x{large_batch}, learning rate x{math.sqrt(large_batch):.2f}",
@@ -75,36 +75,35 @@ def ladder(large_batch: int = 2) -> tuple[Rung, ...]:
 
 
 RUNG_NAMES = tuple(r.name for r in ladder())
+# Kernels or padding only: the same function of the same parameters (a test checks the losses agree).
+SAME_FUNCTION = ("dynamic_padding", "fused_adamw", "sdpa", "compile")
 
 
 def mixed_precision_choice(device: torch.device) -> tuple[str, str]:
-    """``(precision, why)``: the mixed precision that pays on ``device``, or ``"no"`` and the reason.
+    """``(precision, why)``: the mixed precision to try on ``device``, or ``"no"`` and the reason.
 
-    On a CPU a matmul test decides with the course's one rule, ``mixed_precision.advise_precision``
-    (bf16 only where it runs at least ``FASTER`` x fp32); the reason quotes the measured ratio.
+    Measured on every device: a matmul test decides with the course's one rule,
+    ``mixed_precision.advise_precision`` (a format only where it runs at least ``FASTER`` x fp32);
+    the reason quotes the measured ratio. The rung then measures the training itself.
     """
-    if device.type == "cuda":
-        major, minor = torch.cuda.get_device_capability(device)
-        if major >= 8:
-            return "bf16", f"bf16 on a GPU of compute capability {major}.{minor}"
-        if major >= 7:
-            return "fp16", f"fp16 with a GradScaler on a GPU of compute capability {major}.{minor}"
-        return "no", f"a GPU of compute capability {major}.{minor} has no fast 16-bit math"
-    if device.type != "cpu":
-        return "no", f"not measured on {device.type}"
     from course_lib.instruments.throughput import matmul_gflops
 
-    fp32 = matmul_gflops(torch.float32, device, n=512)["gflops"]
-    bf16 = matmul_gflops(torch.bfloat16, device, n=512)["gflops"]
-    ratio = bf16 / fp32
-    if advise_precision("cpu", {"no": fp32, "bf16": bf16}).fastest == "bf16":
-        return "bf16", f"bf16 matmuls measured {ratio:.2f}x fp32 here"
-    if not cpu_has_fast_bf16():
-        return "no", (
-            f"bf16 matmuls measured {ratio:.2f}x fp32 here (not >= {FASTER}x; this CPU has no AVX512-BF16/AMX "
-            "instructions): slower, so not tried; fp16 is slower still on CPUs"
-        )
-    return "no", f"bf16 matmuls measured {ratio:.2f}x fp32 here (not >= {FASTER}x): slower, so not tried"
+    if device.type not in ("cpu", "cuda"):
+        return "no", f"not measured on {device.type}"
+    capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    tried = {"no": torch.float32, "bf16": torch.bfloat16}
+    if device.type == "cuda":
+        tried["fp16"] = torch.float16  # on CPUs fp16 is the trap of lesson 03: never tried there
+    n = 512 if device.type == "cpu" else None
+    gflops = {p: matmul_gflops(dtype, device, n=n)["gflops"] for p, dtype in tried.items()}
+    advice = advise_precision(device.type, gflops, capability)
+    ratios = ", ".join(f"{precision_label(p)} {advice.speedups[p]:.2f}x" for p in advice.speedups)
+    if advice.fastest != "no":
+        return advice.fastest, f"matmuls measured {ratios} fp32 here"
+    why = f"matmuls measured {ratios} fp32 here (not >= {FASTER}x)"
+    if device.type == "cpu" and not cpu_has_fast_bf16():
+        why += "; this CPU has no AVX512-BF16/AMX instructions"
+    return "no", why + ": slower, so not tried"
 
 
 def compile_unavailable(device: torch.device) -> str | None:
@@ -120,8 +119,8 @@ def compile_unavailable(device: torch.device) -> str | None:
     return None
 
 
-def skip_reason(rung: Rung, stack: Stack, model: torch.nn.Module, device: torch.device) -> str | None:
-    """Why ``rung`` cannot be tried on top of ``stack`` here (None: it can)."""
+def skip_reason(rung: Rung, model: torch.nn.Module, device: torch.device) -> str | None:
+    """Why ``rung`` cannot be tried here (None: it can)."""
     if rung.name == "fused_adamw" and not fused_adamw_supported(list(model.parameters())):
         return f"torch has no fused AdamW kernel for {device.type}"
     if rung.name == "sdpa" and not getattr(model, "_supports_sdpa", False):
@@ -129,6 +128,73 @@ def skip_reason(rung: Rung, stack: Stack, model: torch.nn.Module, device: torch.
     if rung.name == "compile":
         return compile_unavailable(device)
     return None
+
+
+def apply(rung: Rung, stack: Stack, precision: str = "no") -> Stack:
+    """``stack`` with ``rung``'s change (rung 6 takes ``precision``)."""
+    change = {k: (precision if v is None else v) for k, v in rung.change.items()}
+    return replace(stack, **change)
+
+
+# ---------------------------------------------------------------------------------------------
+# A stack as the course loop's settings, and as the training command's flags
+
+
+def train_settings(stack: Stack, cfg, seed: int, max_steps: int | None = None) -> tuple[TrainConfig, dict]:
+    """``(TrainConfig, loader settings)`` of ``stack`` under the ladder's ``cfg`` (a ``RecipeConfig``)."""
+    train_cfg = TrainConfig(
+        epochs=cfg.epochs,
+        max_steps=max_steps,
+        lr=cfg.lr * math.sqrt(stack.batch_mult),
+        weight_decay=cfg.weight_decay,
+        precision=stack.precision,
+        seed=seed,
+        device=cfg.device,
+        progress=False,
+        eval_every_epoch=False,
+        fused_optimizer=stack.fused_adamw,
+        attn_implementation=stack.attention,
+        compile=stack.compile,
+        compile_dynamic=True if stack.compile and stack.dynamic_padding else None,
+    )
+    loader = {
+        "batch_size": cfg.batch_size * stack.batch_mult,
+        "precision": stack.precision,
+        "seed": seed,
+        "pad_to": None if stack.dynamic_padding else cfg.max_length,
+        "group_by_length": stack.group_by_length,
+    }
+    return train_cfg, loader
+
+
+def cli_flags(stack: Stack, cfg, train_rows: int | None = None) -> list[str]:
+    """The ``python -m course_lib.cli.train`` flags that train ``stack`` (``cfg.seed``, ``cfg``'s data)."""
+    train_cfg, loader = train_settings(stack, cfg, cfg.seed)
+    flags = [
+        "--epochs",
+        str(cfg.epochs),
+        "--batch-size",
+        str(loader["batch_size"]),
+        "--lr",
+        repr(train_cfg.lr),
+    ]
+    flags += ["--precision", stack.precision, "--attn-implementation", stack.attention]
+    flags += [
+        "--padding",
+        "dynamic" if stack.dynamic_padding else "max_length",
+        "--max-length",
+        str(cfg.max_length),
+    ]
+    flags += ["--group-by-length"] if stack.group_by_length else []
+    flags += ["--fused-adamw", "yes" if stack.fused_adamw else "no"]
+    flags += ["--compile"] if stack.compile else []
+    flags += ["--train-rows", str(train_rows)] if train_rows is not None else []
+    flags += ["--eval-rows", str(cfg.eval_rows)] if cfg.eval_rows is not None else []
+    return flags + ["--seed", str(cfg.seed)]
+
+
+# ---------------------------------------------------------------------------------------------
+# The runs
 
 
 @dataclass
@@ -150,203 +216,157 @@ def prepare(cfg) -> Prepared:
     from course_lib.models import load_model, load_tokenizer
 
     tokenizer = load_tokenizer()
-    tokenized = data.tokenize_dataset(data.load_mrpc(), tokenizer)
+    tokenized = data.tokenize_dataset(data.load_mrpc(), tokenizer, cfg.max_length)
     whole = cfg.batch_size * (cfg.large_batch if "large_batch" in cfg.rungs else 1)
-    train = data.first_rows(tokenized["train"], cfg.train_rows)
-    rows = len(train) // whole * whole
+    train_rows = data.first_rows(tokenized["train"], cfg.train_rows)
+    rows = len(train_rows) // whole * whole
     if rows == 0:
         raise ValueError(
-            f"{len(train)} training rows make no batch of {whole}: use more rows or a smaller batch."
+            f"{len(train_rows)} training rows make no batch of {whole}: use more rows or a smaller batch."
         )
     evals = data.first_rows(tokenized["validation"], cfg.eval_rows)
     seed_everything(cfg.seed)
     model = load_model()
-    return Prepared(model, tokenizer, train.select(range(rows)), data.make_dataloader(evals, tokenizer, 128))
-
-
-class _Stop(Exception):
-    """Raised from the step hook to end a run that reached its target (``stop_at`` set)."""
+    model.config.problem_type = "single_label_classification"  # what the first forward pass would set
+    return Prepared(
+        model, tokenizer, train_rows.select(range(rows)), data.make_dataloader(evals, tokenizer, 128)
+    )
 
 
 class _Counting:
-    """A DataLoader's batches, counting real and padded tokens and keeping the longest batch."""
+    """A loader's batches, recording the real (unmasked) and padded tokens of each."""
 
     def __init__(self, loader) -> None:
-        self.loader, self.real, self.padded, self.longest = loader, 0, 0, None
+        self.loader, self.real, self.padded = loader, [], []
+        self.batch_sampler = getattr(loader, "batch_sampler", None)  # set_epoch reaches it
+        self.sampler = getattr(loader, "sampler", None)
 
     def __len__(self) -> int:
         return len(self.loader)
 
     def __iter__(self):
         for batch in self.loader:
-            self.real += int(batch["attention_mask"].sum())
-            self.padded += batch["input_ids"].numel()
-            if self.longest is None or batch["input_ids"].numel() > self.longest["input_ids"].numel():
-                self.longest = batch
+            self.real.append(int(batch["attention_mask"].sum()))
+            self.padded.append(batch["input_ids"].numel())
             yield batch
 
 
-def apply(rung: Rung, stack: Stack, precision: str = "no") -> Stack:
-    """``stack`` with ``rung``'s change (rung 6 takes ``precision``)."""
-    change = {k: (precision if v is None else v) for k, v in rung.change.items()}
-    return replace(stack, **change)
+def _loader(stack: Stack, prepared: Prepared, cfg, seed: int, device: torch.device) -> _Counting:
+    _, settings = train_settings(stack, cfg, seed)
+    return _Counting(data.make_train_loader(prepared.train, prepared.tokenizer, device=device, **settings))
 
 
-def run_stack(
-    stack: Stack,
-    prepared: Prepared,
-    cfg,
-    device: torch.device,
-    stop_at: float | None = None,
-    memory: bool = True,
+def accuracy_run(
+    stack: Stack, prepared: Prepared, cfg, seed: int, device: torch.device, stop_at: int | None = None
 ) -> dict[str, Any]:
-    """Fine-tune a copy of ``prepared.model`` with ``stack`` per ``cfg`` (a ``RecipeConfig``).
+    """Train ``stack`` with ``seed`` for the budget; evaluate every ``cfg.eval_every`` base batches.
 
-    Evaluates every ``cfg.eval_every`` steps at the base batch size (the same training examples seen
-    for every stack) and at the end; the clock runs only while training (evaluation not counted;
-    compilation, data loading, forward, backward and the optimizer are). ``stop_at``: end the run at
-    the first evaluation with at least that accuracy. Returns the run's measurements.
+    Returns ``evals`` (examples seen, correct validation rows, accuracy) and the final correct count.
+    ``stop_at``: end the run (through ``on_step``) at the first evaluation with at least that many
+    correct rows. Runs with dynamic padding and without compilation: the same function (tested).
     """
-    seed_everything(cfg.seed)
-    model = _copy(prepared.model, stack.attention, device)
-    batch_size = cfg.batch_size * stack.batch_mult
-    lr = cfg.lr * math.sqrt(stack.batch_mult)
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=lr, weight_decay=cfg.weight_decay, fused=True if stack.fused_adamw else None
-    )
-    steps = cfg.epochs * (len(prepared.train) // batch_size)
-    scheduler = torch.optim.lr_scheduler.LinearLR(optimizer, 1.0, 0.0, total_iters=steps)
-    loader = _Counting(
-        data.make_dataloader(
-            prepared.train,
-            prepared.tokenizer,
-            batch_size,
-            shuffle=True,
-            precision=stack.precision,
-            seed=cfg.seed,
-            pad_to=None if stack.dynamic_padding else cfg.max_length,
-            group_by_length=stack.group_by_length,
-            drop_last=True,
-        )
-    )
-    trained = torch.compile(model, dynamic=stack.dynamic_padding or None) if stack.compile else model
+    stack = replace(stack, dynamic_padding=True, compile=False)
+    train_cfg, settings = train_settings(stack, cfg, seed)
+    model = copy.deepcopy(prepared.model)
+    loader = _loader(stack, prepared, cfg, seed, device)
     every = cfg.eval_every // stack.batch_mult
-    state = {"step": 0, "seconds": 0.0}
+    steps = cfg.epochs * len(loader)
     evals: list[dict[str, Any]] = []
-    watch = Stopwatch(device)
+    n = len(prepared.eval_loader.dataset)
 
-    def on_step() -> None:
-        state["step"] += 1
-        if state["step"] % every and state["step"] != steps:
-            return
-        state["seconds"] += watch.lap()  # training time up to this evaluation
-        metrics = evaluate(model, prepared.eval_loader)  # the uncompiled module: same weights, fp32
-        evals.append(
-            {
-                "step": state["step"],
-                "examples": state["step"] * batch_size,
-                "seconds": state["seconds"],
-                "accuracy": metrics["accuracy"],
-                "loss": metrics["loss"],
-            }
-        )
-        if stop_at is not None and metrics["accuracy"] >= stop_at:
-            raise _Stop
-        watch.start()
+    def on_step(step: int) -> bool:
+        if step % every and step != steps:
+            return False
+        accuracy = evaluate(model, prepared.eval_loader)["accuracy"]  # fp32, the uncompiled module
+        correct = round(accuracy * n)
+        evals.append({"examples": step * settings["batch_size"], "correct": correct, "accuracy": correct / n})
+        return stop_at is not None and correct >= stop_at
 
-    losses: list[float] = []
-    with _empty_compile_cache(stack.compile):
-        watch.start()
-        try:
-            for _ in range(cfg.epochs):
-                epoch_losses, _scaler = slides.train_pytorch(
-                    trained, loader, optimizer, scheduler, stack.precision, on_step=on_step
-                )
-                losses += epoch_losses
-        except _Stop:
-            pass
-        peak = _peak_step_mb(trained, optimizer, loader.longest, stack.precision, device) if memory else None
-    seconds = state["seconds"]
-    return {
-        "steps": state["step"],
-        "batch_size": batch_size,
-        "lr": lr,
-        "train_seconds": seconds,
-        "padded_tokens": loader.padded,
-        "real_tokens": loader.real,
-        "tokens_per_s": loader.padded / seconds if seconds else None,
-        "real_tokens_per_s": loader.real / seconds if seconds else None,
-        "final_accuracy": evals[-1]["accuracy"] if evals else None,
-        "final_loss": losses[-1] if losses else None,
-        "peak_mem_mb": peak,
-        "optimizer": "AdamW(fused)" if stack.fused_adamw else "AdamW(default)",
-        "evals": evals,
-    }
+    history = train(model, loader, train_cfg, on_step=on_step)
+    return {"seed": seed, "evals": evals, "final_correct": evals[-1]["correct"], "losses": history.losses}
 
 
-def _empty_compile_cache(enabled: bool):
-    """A fresh, empty inductor cache while a compiled run trains: compile time as on a first run.
+def examples_to(evals: list[dict[str, Any]], target_correct: int) -> int | None:
+    """Training examples seen at the first evaluation with at least ``target_correct`` (None: never)."""
+    return next((e["examples"] for e in evals if e["correct"] >= target_correct), None)
 
-    Without it a second run would load the kernels a first one compiled and look cheaper than it is.
+
+def throughput_run(
+    stack: Stack, prepared: Prepared, cfg, device: torch.device, fresh_compile: bool = False
+) -> dict[str, Any]:
+    """Examples (and tokens) per second of ``cfg.timed_steps`` steps after ``cfg.warmup_steps`` untimed ones.
+
+    The same batches every time (the epoch's first, for ``cfg.seed``). ``fresh_compile``: compile from
+    an empty cache and report ``compile_s``, the warm-up steps' time beyond that of as many timed steps.
     """
+    steps = cfg.warmup_steps + cfg.timed_steps
+    train_cfg, settings = train_settings(stack, cfg, cfg.seed, max_steps=steps)
+    loader = _loader(stack, prepared, cfg, cfg.seed, device)
+    with _fresh_compile(stack.compile and fresh_compile):
+        history = train(copy.deepcopy(prepared.model), loader, train_cfg)
+    timed = history.step_times[cfg.warmup_steps :]
+    seconds = sum(timed)
+    out = {
+        "examples_per_s": cfg.timed_steps * settings["batch_size"] / seconds,
+        "tokens_per_s": sum(loader.padded[cfg.warmup_steps : steps]) / seconds,
+        "real_tokens_per_s": sum(loader.real[cfg.warmup_steps : steps]) / seconds,
+    }
+    if stack.compile and fresh_compile:
+        warm = history.step_times[: cfg.warmup_steps]
+        out["compile_s"] = max(0.0, sum(warm) - len(warm) * seconds / len(timed))
+    return out
+
+
+def _fresh_compile(enabled: bool):
+    """An empty dynamo and inductor cache: compilation costs what it costs on a first run."""
     if not enabled:
         return contextlib.nullcontext()
+    import torch._dynamo
+
+    torch._dynamo.reset()
     try:
         from torch._inductor.utils import fresh_cache
-    except ImportError:  # a private helper: without it the run may reuse a warm cache
+    except ImportError:  # a private helper: without it a warm on-disk cache may make compiling cheaper
         return contextlib.nullcontext()
     return fresh_cache()
 
 
-def _copy(model: torch.nn.Module, attention: str, device: torch.device) -> torch.nn.Module:
-    """A copy of ``model`` on ``device`` with ``attention``; its loss type fixed before any compile.
+def warm_up(prepared: Prepared, cfg, device: torch.device) -> None:
+    """Untimed steps in each padding scheme, attention and AdamW kernel on throwaway copies, and one
+    evaluation: first-use costs (allocations, lazy imports) would otherwise land on the first rung."""
+    for stack in (Stack(), Stack(dynamic_padding=True, fused_adamw=True, attention="sdpa")):
+        train_cfg, settings = train_settings(stack, cfg, cfg.seed, max_steps=2)
+        loader = data.make_train_loader(prepared.train, prepared.tokenizer, device=device, **settings)
+        train(copy.deepcopy(prepared.model), loader, train_cfg)
+    evaluate(copy.deepcopy(prepared.model).to(device), prepared.eval_loader)
 
-    The first forward pass sets ``config.problem_type``; set here, it does not make a compiled model
-    compile a second time.
+
+def without_dropout(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` with every dropout probability 0 (a deterministic function of parameters and batch)."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    for name in ("dropout", "attention_dropout", "seq_classif_dropout"):
+        if hasattr(model.config, name):
+            setattr(model.config, name, 0.0)
+    return model
+
+
+def same_function_losses(
+    stacks: list[Stack], prepared: Prepared, cfg, device: torch.device, steps: int = 3
+) -> list[list[float]]:
+    """The training losses of ``steps`` steps of each stack from the same weights, without dropout.
+
+    Dropout draws its masks from tensors of the batch's shape, so with dropout on, another padding
+    draws other masks: a different sample of the same random function, not a different function.
     """
-    model = copy.deepcopy(model)
-    model.config.problem_type = model.config.problem_type or "single_label_classification"
-    model.set_attn_implementation(attention)
-    return model.to(device)
-
-
-def warm_up(prepared: Prepared, cfg, device: torch.device, steps: int = 2) -> None:
-    """A few untimed steps in each padding scheme, attention and AdamW kernel, on a throwaway copy.
-
-    First use costs (allocations, kernel selection, lazy imports) would otherwise land on rung 1,
-    which always runs first.
-    """
-    for attention, fused in (("eager", None), ("sdpa", True)):
-        model = _copy(prepared.model, attention, device)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, fused=fused)
-        for pad_to in (cfg.max_length, None):
-            loader = data.make_dataloader(prepared.train, prepared.tokenizer, cfg.batch_size, pad_to=pad_to)
-            for _, batch in zip(range(steps), loader):
-                batch = to_device(batch, device)
-                model(**batch).loss.backward()
-                optimizer.step()
-                optimizer.zero_grad()
-    evaluate(model, prepared.eval_loader)
-
-
-def _peak_step_mb(model, optimizer, batch, precision: str, device: torch.device) -> float | None:
-    """Peak tensor memory (MiB) of one more training step on the run's longest batch."""
-    if batch is None:
-        return None
-    batch = to_device(batch, device)
-    peak = TensorPeak(device)
-    peak.start()
-    try:
-        with torch.autocast(device.type, dtype=autocast_dtype(precision), enabled=precision != "no"):
-            loss = model(
-                batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"]
-            ).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    finally:
-        mb = peak.stop()
-    return None if math.isnan(mb) else mb
+    model = without_dropout(copy.deepcopy(prepared.model))
+    out = []
+    for stack in stacks:
+        train_cfg, settings = train_settings(stack, cfg, cfg.seed, max_steps=steps)
+        loader = data.make_train_loader(prepared.train, prepared.tokenizer, device=device, **settings)
+        out.append(train(copy.deepcopy(model), loader, train_cfg).losses)
+    return out
 
 
 def describe(stack: Stack) -> str:

@@ -11,6 +11,8 @@ launcher sets (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ...) and wraps the mod
 It trains with the course's one loop (``course_lib.training.train``); this file adds the data sharding
 (``course_lib.distributed.ShardedLoader``), checkpoints (``course_lib.checkpoints``), ``--resume``, and
 a throughput report per process and in total. See ``docs/distributed.md``.
+
+About 440 lines because the command's flags, set-up and run read best in one file, top to bottom.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Any
 
 import torch
 
-from course_lib import checkpoints, data, distributed, models, training
+from course_lib import checkpoints, data, models, training
 from course_lib.devices import seed_everything
 from course_lib.instruments.throughput import format_per_process, per_process_throughput
 from course_lib.mixed_precision import best_precision, normalize_precision
@@ -65,6 +67,16 @@ class RunConfig:
     gradient_checkpointing: bool = False
     local_sgd_steps: int | None = None  # average parameters every N steps instead of gradients every step
     comm_hook: str = "none"  # "none" | "fp16" | "bf16" (NCCL only): 16-bit gradients on the wire
+    padding: str = (
+        "dynamic"  # "dynamic" (each batch to its longest row) | "max_length" (every batch to max_length)
+    )
+    pad_multiple: int | None = (
+        None  # dynamic padding rounded up to a multiple of this; None: 8 under fp16/bf16
+    )
+    group_by_length: bool = False  # batches of similar lengths (one process)
+    fused_adamw: str = "auto"  # "auto" (fused where torch has the kernel) | "yes" | "no"
+    attn_implementation: str | None = None  # "eager" | "sdpa"; None: as the model loads
+    compile: bool = False  # torch.compile the model (compilation counts in the run's time)
 
     def __post_init__(self) -> None:
         for name in (
@@ -95,6 +107,14 @@ class RunConfig:
             )
         if self.precision not in (None, "auto"):
             self.precision = normalize_precision(self.precision)
+        if self.padding not in ("dynamic", "max_length"):
+            raise ValueError(f"--padding must be 'dynamic' or 'max_length', got {self.padding!r}.")
+        if self.pad_multiple is not None and (self.pad_multiple < 1 or self.padding != "dynamic"):
+            raise ValueError("--pad-multiple needs --padding dynamic and a value >= 1.")
+        if self.fused_adamw not in ("auto", "yes", "no"):
+            raise ValueError(f"--fused-adamw must be auto, yes or no, got {self.fused_adamw!r}.")
+        if self.fused_adamw != "auto" and self.optimizer != "adamw":
+            raise ValueError("--fused-adamw applies to --optimizer adamw only.")
 
 
 def parse_args(argv: list[str] | None = None) -> RunConfig:
@@ -164,6 +184,31 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
         choices=list(COMM_HOOKS),
         help="N processes: all-reduce gradients in 16 bits (bf16 needs NCCL, i.e. GPUs)",
     )
+    recipe = p.add_argument_group(
+        "recipe switches (lesson 07: python -m course_lib.cli.recipe prints a line)"
+    )
+    recipe.add_argument(
+        "--padding",
+        default=d.padding,
+        choices=["dynamic", "max_length"],
+        help="dynamic: each batch to its longest row; max_length: every batch to --max-length (the slides)",
+    )
+    recipe.add_argument(
+        "--pad-multiple", type=int, default=d.pad_multiple, help="round dynamic padding up to a multiple of N"
+    )
+    recipe.add_argument(
+        "--group-by-length", action="store_true", help="batches of similar lengths (one process only)"
+    )
+    recipe.add_argument(
+        "--fused-adamw",
+        default=d.fused_adamw,
+        choices=["auto", "yes", "no"],
+        help="AdamW's fused kernel (auto: where torch has it; no: the default for-loop kernel)",
+    )
+    recipe.add_argument(
+        "--attn-implementation", default=d.attn_implementation, choices=list(training.ATTENTION)
+    )
+    recipe.add_argument("--compile", action="store_true", help="torch.compile the model for training")
     args = p.parse_args(argv)
     try:
         return RunConfig(**vars(args))
@@ -235,15 +280,18 @@ def load_splits(cfg: RunConfig):
 def make_loaders(cfg: RunConfig, accelerator, tokenizer, train_split, val_split):
     """This rank's shard of the training rows, and the validation DataLoader (sharded by ``prepare``)."""
     precision = accelerator.mixed_precision
-    train_loader = distributed.ShardedLoader(
+    train_loader = data.make_train_loader(
         train_split,
+        tokenizer,
         cfg.batch_size,
-        data.make_collator(tokenizer, precision),
+        precision=precision,
+        seed=cfg.seed,
+        pad_to=cfg.max_length if cfg.padding == "max_length" else None,
+        pad_multiple=cfg.pad_multiple,
+        group_by_length=cfg.group_by_length,
         world_size=accelerator.num_processes,
         rank=accelerator.process_index,
         device=accelerator.device,
-        shuffle=True,
-        seed=cfg.seed,
     )
     eval_loader = data.make_dataloader(val_split, tokenizer, 2 * cfg.batch_size, precision=precision)
     eval_loader.generator = torch.Generator().manual_seed(cfg.seed)  # keep the global RNG untouched
@@ -276,7 +324,8 @@ def run(cfg: RunConfig) -> dict[str, Any]:
         tokenizer, train_split, val_split = load_splits(cfg)
         model = models.load_model(cfg.model)
     train_loader, eval_loader = make_loaders(cfg, accelerator, tokenizer, train_split, val_split)
-    optimizer = training.make_optimizer(model, cfg.lr, weight_decay=0.01, name=cfg.optimizer)
+    fused = {"auto": None, "yes": True, "no": False}[cfg.fused_adamw]
+    optimizer = training.make_optimizer(model, cfg.lr, weight_decay=0.01, fused=fused, name=cfg.optimizer)
     steps = total_steps(cfg, len(train_loader))
 
     start_step = 0
@@ -327,6 +376,9 @@ def run(cfg: RunConfig) -> dict[str, Any]:
         gradient_checkpointing=cfg.gradient_checkpointing,
         local_sgd_steps=cfg.local_sgd_steps,
         comm_hook=cfg.comm_hook,
+        attn_implementation=cfg.attn_implementation,
+        compile=cfg.compile,
+        compile_dynamic=True if cfg.compile and cfg.padding == "dynamic" else None,
     )
     started = time.perf_counter()
     history = training.train(

@@ -10,6 +10,7 @@ resume       [resume] continue a checkpointed run from an optimizer step
 optim        [optim] AdamW (fused where torch has the kernel), Adafactor, 8-bit AdamW; the schedule
 checkpointing  [checkpointing] gradient (activation) checkpointing of a Hugging Face model
 local_sgd    [local_sgd] average parameters every N steps instead of gradients every step
+kernels      [kernels] attention implementation (eager, SDPA) and torch.compile: same function, other kernels
 metrics      ``evaluate`` and ``accuracy_f1``
 history      ``History``: what a run measured
 slides       the slides' own loops (PyTorch, Accelerator): the references lessons and benchmark use
@@ -18,6 +19,7 @@ slides       the slides' own loops (PyTorch, Accelerator): the references lesson
 from course_lib.training.accelerator import amp_is_active, fresh_accelerator
 from course_lib.training.checkpointing import enable_checkpointing
 from course_lib.training.history import History
+from course_lib.training.kernels import ATTENTION
 from course_lib.training.loop import TrainConfig, train
 from course_lib.training.metrics import accuracy_f1, evaluate
 from course_lib.training.optim import (
@@ -29,6 +31,7 @@ from course_lib.training.optim import (
 )
 
 __all__ = [
+    "ATTENTION",
     "OPTIMIZERS",
     "TRAINER_OPTIM",
     "History",

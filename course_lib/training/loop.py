@@ -12,6 +12,7 @@ and carries its tag; each tag names the file of this package that holds what the
 * ``# [optim]``       ``optim.py``        the optimizer (AdamW, Adafactor, 8-bit AdamW) and its schedule
 * ``# [checkpointing]`` ``checkpointing.py`` recompute activations in backward instead of keeping them
 * ``# [local_sgd]``   ``local_sgd.py``    average parameters every ``local_sgd_steps`` steps, not gradients
+* ``# [kernels]``     ``kernels.py``      the attention implementation and ``torch.compile`` (same function)
 
 Without an ``Accelerator`` the loop runs on ``TorchAmp`` (placement + ``torch.amp``); with one, on
 ``AcceleratorSteps``. Both offer the same five calls (prepare, to_device, autocast, backward, step),
@@ -38,12 +39,14 @@ from course_lib.training.checkpointing import enable_checkpointing
 from course_lib.training.clip import clip_gradients
 from course_lib.training.ddp import COMM_HOOKS, register_comm_hook, set_epoch, sync_gradients
 from course_lib.training.history import History
+from course_lib.training.kernels import ATTENTION, compiled, set_attention
 from course_lib.training.local_sgd import local_sgd
 from course_lib.training.metrics import evaluate
 from course_lib.training.optim import OPTIMIZERS, make_optimizer, make_scheduler
 from course_lib.training.resume import resume_position
 
 PROGRESS_INTERVAL = 1.0  # seconds between progress-bar redraws (a bounded number of kernel messages)
+PROGRESS_REDRAWS = 20  # and at most about this many redraws per run, however slow the steps (a count)
 
 
 @dataclass
@@ -66,6 +69,12 @@ class TrainConfig:
     gradient_checkpointing: bool = False
     local_sgd_steps: int | None = None  # average parameters every N steps (N processes); None: DDP
     comm_hook: str = "none"  # "none" | "fp16" | "bf16": compress the gradients DDP all-reduces
+    fused_optimizer: bool | None = (
+        None  # AdamW's fused kernel; None: where torch has one, False: the default loop
+    )
+    attn_implementation: str | None = None  # "eager" | "sdpa"; None: as the model was loaded
+    compile: bool = False  # torch.compile the model for training (compilation counts in the step times)
+    compile_dynamic: bool | None = None  # torch.compile(dynamic=...): True where batch lengths vary
 
     def __post_init__(self) -> None:
         if self.optimizer not in OPTIMIZERS:
@@ -80,6 +89,10 @@ class TrainConfig:
             raise ValueError("Set epochs >= 1 or max_steps >= 1: there is nothing to train.")
         if self.lr <= 0:
             raise ValueError(f"lr must be positive, got {self.lr}.")
+        if self.attn_implementation not in (None, *ATTENTION):
+            raise ValueError(
+                f"attn_implementation must be one of {', '.join(ATTENTION)} (or None), got {self.attn_implementation!r}."
+            )
 
 
 def train(
@@ -90,7 +103,7 @@ def train(
     accelerator=None,
     optimizer: torch.optim.Optimizer | None = None,
     start_step: int = 0,
-    on_step: Callable[[int], None] | None = None,
+    on_step: Callable[[int], bool | None] | None = None,
 ) -> History:
     """Fine-tune ``model`` on ``train_dataloader`` per ``config``; return the measured ``History``.
 
@@ -100,7 +113,8 @@ def train(
 
     Resuming: load the model and optimizer state (and the RNG state) first, then pass
     ``start_step``: the learning-rate schedule and the data continue from that optimizer step.
-    ``on_step(step)`` runs after every optimizer step (e.g. to save a checkpoint).
+    ``on_step(step)`` runs after every optimizer step (e.g. to save a checkpoint or evaluate); when it
+    returns True the run ends there (early stopping), as if ``max_steps`` had been that step.
     """
     cfg = config or TrainConfig()
     k = cfg.grad_accum_steps
@@ -108,7 +122,10 @@ def train(
         seed_everything(cfg.seed)  # a resumed run keeps the RNG state its caller restored  # [resume]
     if len(train_dataloader) == 0:
         raise ValueError("The training DataLoader is empty: there is nothing to train on.")
-    optimizer = optimizer or make_optimizer(model, cfg.lr, cfg.weight_decay, name=cfg.optimizer)  # [optim]
+    set_attention(model, cfg.attn_implementation)  # [kernels]
+    optimizer = optimizer or make_optimizer(  # [optim]
+        model, cfg.lr, cfg.weight_decay, fused=cfg.fused_optimizer, name=cfg.optimizer
+    )
     enable_checkpointing(model, cfg.gradient_checkpointing)  # [checkpointing]
     if accelerator is not None:
         steps = AcceleratorSteps(accelerator)  # [accelerator]
@@ -119,6 +136,7 @@ def train(
         model, optimizer, train_dataloader, eval_dataloader
     )
     register_comm_hook(model, cfg.comm_hook)  # DDP sends 16-bit gradients  # [ddp]
+    forward = compiled(model, cfg.compile, cfg.compile_dynamic)  # same parameters, fused kernels  # [kernels]
     # Counted after prepare: under N processes each one sees 1/N of the batches.
     per_epoch = steps_per_epoch(len(train_dataloader), k)  # [accum]
     total_steps = cfg.max_steps or per_epoch * cfg.epochs
@@ -132,9 +150,13 @@ def train(
         desc=f"train ({steps.precision})",
         disable=not (cfg.progress and steps.is_main_process),
         mininterval=PROGRESS_INTERVAL,
+        # A count bound too: a long run on a loaded machine sends as few messages as on a fast one.
+        # maxinterval=inf: tqdm's monitor thread would otherwise reset miniters to 1 after 10 s.
+        miniters=max(1, math.ceil((total_steps - start_step) / PROGRESS_REDRAWS)),
+        maxinterval=float("inf"),
     )
     model.train()
-    step, watch, tokens = start_step, Stopwatch(steps.device), 0
+    step, watch, tokens, stop = start_step, Stopwatch(steps.device), 0, False
     with local_sgd(steps, model, cfg.local_sgd_steps, start_step) as averager:  # [local_sgd]
         for epoch in range(first_epoch, math.ceil(total_steps / per_epoch)):
             set_epoch(train_dataloader, epoch)  # [ddp]
@@ -142,10 +164,12 @@ def train(
             start = skip if epoch == first_epoch else 0
             for batch, update, window in micro_batches(train_dataloader, k, start):  # [accum]
                 batch = steps.to_device(batch)
-                tokens += batch["input_ids"].numel()
+                tokens += batch.get("input_ids", batch["labels"]).numel()  # images/audio: examples
                 with sync_gradients(model, update):  # [ddp]
                     with steps.autocast():  # [amp]
-                        loss = model(**batch).loss / window  # forward + loss  # [accum] mean over the window
+                        loss = (
+                            forward(**batch).loss / window
+                        )  # forward + loss  # [accum] mean over the window
                     steps.backward(loss)  # backward  # [amp] scaled for fp16
                 if not update:  # [accum]
                     continue
@@ -164,13 +188,13 @@ def train(
                 bar.set_postfix(loss=f"{history.losses[-1]:.3f}", refresh=False)
                 bar.update(1)
                 if on_step is not None:
-                    on_step(step)  # e.g. save a checkpoint  # [resume]
+                    stop = bool(on_step(step))  # e.g. save a checkpoint; True: stop here  # [resume]
                 watch.start()
-                if step >= total_steps:
+                if step >= total_steps or stop:
                     break
             if eval_dataloader is not None and cfg.eval_every_epoch:
                 history.evals.append({"step": step, **evaluate(model, eval_dataloader, **steps.eval_args())})
-            if step >= total_steps:
+            if step >= total_steps or stop:
                 break
     bar.close()
     if not all(math.isfinite(x) for x in history.losses):
