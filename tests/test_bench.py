@@ -260,12 +260,14 @@ def quick_run(tmp_path_factory):
     return proc, paths
 
 
+@pytest.mark.slow
 def test_quick_run_prints_the_machine_and_the_table(quick_run):
     proc, _ = quick_run
     assert "torch: " in proc.stdout and "cpu: " in proc.stdout  # format_machine
     assert "| size | implementation | precision |" in proc.stdout
 
 
+@pytest.mark.slow
 def test_quick_run_json_rows_are_well_formed(quick_run):
     _, paths = quick_run
     record = json.loads(paths["json"].read_text())
@@ -284,6 +286,7 @@ def test_quick_run_json_rows_are_well_formed(quick_run):
             assert r["vs_pytorch"] == pytest.approx(1.0)
 
 
+@pytest.mark.slow
 def test_quick_run_every_row_trained(quick_run):
     _, paths = quick_run
     record = json.loads(paths["json"].read_text())
@@ -296,6 +299,7 @@ def test_quick_run_every_row_trained(quick_run):
         assert sum(losses[-half:]) < sum(losses[:half]), (r["implementation"], r["precision"], losses)
 
 
+@pytest.mark.slow
 def test_quick_run_starts_every_implementation_from_the_same_weights_and_data(quick_run):
     _, paths = quick_run
     rows = json.loads(paths["json"].read_text())["rows"]
@@ -304,6 +308,7 @@ def test_quick_run_starts_every_implementation_from_the_same_weights_and_data(qu
         assert max(first) - min(first) < 2e-3, (precision, first)
 
 
+@pytest.mark.slow
 def test_quick_run_markdown_and_chart(quick_run):
     _, paths = quick_run
     rows = json.loads(paths["json"].read_text())["rows"]
@@ -314,6 +319,7 @@ def test_quick_run_markdown_and_chart(quick_run):
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5_000
 
 
+@pytest.mark.slow
 def test_quick_run_record_renders_the_printed_report(quick_run):
     proc, paths = quick_run
     text = report.report_from_record(json.loads(paths["json"].read_text()))

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import nbformat
+import pytest
 
 from course_lib.tooling.check import execute_copy, main, modified_locked_cells
 from course_lib.tooling.release import write_answers
@@ -29,6 +30,7 @@ def run_check(path: Path) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_untouched_release_fails_every_test_without_being_modified():
     before, stamp = EXERCISE.read_bytes(), EXERCISE.stat().st_mtime_ns
     neighbours = sorted(EXERCISE.parent.iterdir())
@@ -48,6 +50,7 @@ def test_untouched_release_fails_every_test_without_being_modified():
     assert sorted(EXERCISE.parent.iterdir()) == neighbours, "the check left files beside the notebook"
 
 
+@pytest.mark.slow
 def test_correct_answers_get_full_marks(tmp_path):
     answered = write_answers(ROOT, "00_intro", tmp_path)
     before = answered.read_bytes()
@@ -58,6 +61,7 @@ def test_correct_answers_get_full_marks(tmp_path):
     assert answered.read_bytes() == before
 
 
+@pytest.mark.slow
 def test_edited_read_only_cells_are_reported():
     nb = nbformat.read(EXERCISE, as_version=4)
     assert modified_locked_cells(nb) == []

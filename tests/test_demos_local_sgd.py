@@ -19,8 +19,7 @@ from course_lib.distributed import launch
 @pytest.fixture
 def group(tmp_path):
     """A one-process gloo process group for the test, destroyed afterwards."""
-    if dist.is_initialized():
-        pytest.skip("a process group already exists in this process")
+    assert not dist.is_initialized(), "an earlier test left its process group behind: destroy it in a finally"
     dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
     yield
     dist.destroy_process_group()
@@ -156,6 +155,7 @@ def test_drift_series_drops_at_each_averaging():
 # --- two real processes (slow tier) ------------------------------------------------------------
 
 
+@pytest.mark.slow  # two real processes
 def test_two_ranks_count_and_drift():
     demo = L.SyncDemo(
         variants=(
@@ -203,6 +203,7 @@ def test_count_rows_adds_the_average_on_exit_to_the_total_and_the_ratio():
     assert rows[1]["bytes/param/micro-batch"] == 2.0
 
 
+@pytest.mark.slow  # two real processes
 @pytest.mark.slow  # two real processes
 def test_two_ranks_local_sgd_sends_no_gradients_and_k1_equals_ddp_only_with_sgd():
     demo = L.SyncDemo(

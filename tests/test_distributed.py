@@ -178,10 +178,12 @@ def reference():
     return D.flat_params(model)
 
 
+@pytest.mark.slow  # two real processes (the module's `ranks` launch)
 def test_two_processes_joined_one_group(ranks):
     assert [r["num_processes"] for r in ranks] == [2, 2]
 
 
+@pytest.mark.slow  # two real processes (the module's `ranks` launch)
 def test_sharding_every_sample_read_once_per_epoch_by_exactly_one_rank(ranks):
     for epoch in range(2):
         read = [r["epochs"][epoch]["read"] for r in ranks]
@@ -193,6 +195,7 @@ def test_sharding_every_sample_read_once_per_epoch_by_exactly_one_rank(ranks):
     assert ranks[0]["epochs"][0]["read"] != ranks[0]["epochs"][1]["read"]  # reshuffled each epoch
 
 
+@pytest.mark.slow  # two real processes (the module's `ranks` launch)
 def test_replication_all_ranks_start_from_rank_0s_parameters(ranks):
     assert not torch.equal(ranks[0]["own_init"], ranks[1]["own_init"])  # the seeds really differed
     assert torch.equal(ranks[0]["start"], ranks[1]["start"])
@@ -200,6 +203,7 @@ def test_replication_all_ranks_start_from_rank_0s_parameters(ranks):
     assert ranks[0]["start_same"] and ranks[1]["start_same"]
 
 
+@pytest.mark.slow  # two real processes (the module's `ranks` launch)
 def test_one_step_identical_on_all_ranks_and_equal_to_one_process_on_the_whole_batch(ranks, reference):
     assert sorted(sum(ranks[0]["step"]["rows"] + ranks[1]["step"]["rows"], [])) == list(range(ROWS))
     assert torch.equal(ranks[0]["step"]["params"], ranks[1]["step"]["params"])
@@ -209,6 +213,7 @@ def test_one_step_identical_on_all_ranks_and_equal_to_one_process_on_the_whole_b
     torch.testing.assert_close(ranks[0]["step"]["params"], reference, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow  # two real processes (the module's `ranks` launch)
 def test_gradient_accumulation_under_ddp_skips_sync_and_equals_one_big_batch(ranks, reference):
     for r in ranks:
         assert len(r["accum"]["rows"]) == 2  # two micro-batches of 2 rows on each rank

@@ -38,102 +38,131 @@ def _checkpoints(out: Path) -> list[str]:
     return sorted(p.name for p in out.iterdir() if p.name.startswith(("checkpoint-", ".tmp")))
 
 
-def test_single_process_run_saves_checkpoints_final_model_and_metrics(tmp_path):
-    out = tmp_path / "one"
-    proc = _run(
-        ["--max-steps", "3", "--save-every", "1", "--keep-checkpoints", "2", "--output-dir", str(out)],
-        tmp_path,
-    )
-    _ok(proc)
-    metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["processes"] == 1 and metrics["steps_run"] == 3 and metrics["global_batch"] == 4
-    assert len(metrics["tokens_per_s"]) == 1 and metrics["total_tokens_per_s"] == metrics["tokens_per_s"][0]
-    assert _checkpoints(out) == ["checkpoint-000002", "checkpoint-000003"]  # the newest 2, no temp folder
-    assert {p.name for p in (out / "checkpoint-000003").iterdir()} == {
-        "model.safetensors",
-        "optimizer.safetensors",
-        "rng.safetensors",
-        "state.json",
-    }
-    final = models.load_model(str(out / "final"))  # a Hugging Face folder the course can load
-    saved = load_file(str(out / "checkpoint-000003" / "model.safetensors"))
-    torch.testing.assert_close(final.classifier.weight, saved["classifier.weight"], rtol=0, atol=0)
-    assert "tokens/s" in proc.stdout and "total" in proc.stdout
-
-
-def test_torchrun_two_processes_and_a_killed_run_resumes_to_the_same_parameters(tmp_path):
-    full, killed = tmp_path / "full", tmp_path / "killed"
-    steps = ["--max-steps", "6", "--save-every", "2"]
-
-    proc = _run([*steps, "--output-dir", str(full)], tmp_path, processes=2)
-    _ok(proc)
-    metrics = json.loads((full / "metrics.json").read_text())
-    assert metrics["processes"] == 2 and metrics["backend"] == "gloo" and metrics["global_batch"] == 8
-    assert metrics["distributed_type"] == "MULTI_CPU" and metrics["steps_run"] == 6
-    assert len(metrics["tokens_per_s"]) == 2
-    assert metrics["total_tokens_per_s"] == pytest.approx(sum(metrics["tokens_per_s"]))
-    assert proc.stdout.count("course_lib.cli.train:") == 1  # logged by the main process only
-    assert "rank 1:" in proc.stdout  # ... which reports every process's throughput
-
-    proc = _run([*steps, "--output-dir", str(killed), "--stop-after-steps", "3"], tmp_path, processes=2)
-    assert proc.returncode != 0  # it "died" at step 3, after the checkpoint of step 2
-    assert _checkpoints(killed) == ["checkpoint-000002"] and not (killed / "final").exists()
-
-    proc = _run([*steps, "--output-dir", str(killed), "--resume"], tmp_path, processes=2)
-    _ok(proc)
-    resumed = json.loads((killed / "metrics.json").read_text())
-    assert resumed["start_step"] == 2 and resumed["steps_run"] == 4
-    assert resumed["losses"] == pytest.approx(metrics["losses"][2:], rel=1e-6)
-    a = load_file(str(full / "final" / "model.safetensors"))
-    b = load_file(str(killed / "final" / "model.safetensors"))
-    assert a.keys() == b.keys()
-    for name in a:  # dropout is on: the RNG state was restored too
-        torch.testing.assert_close(b[name], a[name], rtol=1e-6, atol=1e-7)
-
-    # The same run with 16-bit gradients on the wire: half the bytes, nearly the same training.
-    hooked = tmp_path / "fp16-hook"
-    proc = _run([*steps, "--output-dir", str(hooked), "--comm-hook", "fp16"], tmp_path, processes=2)
-    _ok(proc)
-    compressed = json.loads((hooked / "metrics.json").read_text())
-    assert compressed["config"]["comm_hook"] == "fp16"
-    assert compressed["losses"] == pytest.approx(metrics["losses"], rel=1e-2)
-    assert compressed["losses"] != metrics["losses"]  # the hook ran: fp16 rounding changed the gradients
+def _metrics(out: Path) -> dict:
+    return json.loads((out / "metrics.json").read_text())
 
 
 def _final_params(out: Path) -> dict[str, torch.Tensor]:
     return load_file(str(out / "final" / "model.safetensors"))
 
 
-def test_one_process_with_8bit_adamw_and_checkpointing_resumes_bit_exactly(tmp_path):
-    full, killed = tmp_path / "full", tmp_path / "killed"
-    args = ["--max-steps", "4", "--save-every", "2", "--optimizer", "adamw8bit", "--gradient-checkpointing"]
-    _ok(_run([*args, "--output-dir", str(full)], tmp_path))
-    assert _run([*args, "--output-dir", str(killed), "--stop-after-steps", "3"], tmp_path).returncode != 0
-    _ok(_run([*args, "--output-dir", str(killed), "--resume"], tmp_path))
-    metrics = json.loads((full / "metrics.json").read_text())
-    assert metrics["config"]["optimizer"] == "adamw8bit" and metrics["config"]["gradient_checkpointing"]
-    a, b = _final_params(full), _final_params(killed)
+def _assert_same_params(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], **tolerance) -> None:
+    assert a.keys() == b.keys()
     for name in a:
-        torch.testing.assert_close(b[name], a[name], rtol=0, atol=0)
+        torch.testing.assert_close(b[name], a[name], **tolerance)
 
 
+def _assert_resumed(proc, out: Path, full: dict, checkpoint: Path, start: int, steps: int) -> dict:
+    """The run in ``out`` loaded ``checkpoint`` (step ``start``) and made only steps start+1..steps."""
+    _ok(proc)
+    assert f"resumed from {checkpoint} at step {start}" in proc.stdout, proc.stdout
+    assert f"steps {start + 1}..{steps}" in proc.stdout, proc.stdout
+    resumed = _metrics(out)
+    assert (resumed["start_step"], resumed["steps_run"]) == (start, steps - start)
+    assert len(resumed["losses"]) == steps - start  # the steps it trained, no more
+    assert resumed["losses"] == pytest.approx(
+        full["losses"][start:], rel=1e-6
+    )  # the same steps as the full run
+    return resumed
+
+
+@pytest.mark.slow  # launches the command (several seconds each)
+def test_one_process_checkpoints_is_killed_and_resumes_bit_exactly_with_8bit_adamw_and_checkpointing(
+    tmp_path,
+):
+    """One process: checkpoints (the newest kept), final model, metrics; a run stopped by
+    --stop-after-steps exits with its status and leaves its last checkpoint; --resume continues
+    from that step to the uninterrupted run's final parameters, bit for bit."""
+    full, killed = tmp_path / "full", tmp_path / "killed"
+    args = ["--max-steps", "4", "--save-every", "1", "--keep-checkpoints", "2"]
+    args += ["--optimizer", "adamw8bit", "--gradient-checkpointing"]
+    proc = _run([*args, "--output-dir", str(full)], tmp_path)
+    _ok(proc)
+    metrics = _metrics(full)
+    assert metrics["processes"] == 1 and metrics["global_batch"] == 4
+    assert (metrics["start_step"], metrics["steps_run"], len(metrics["losses"])) == (0, 4, 4)
+    assert metrics["config"]["optimizer"] == "adamw8bit" and metrics["config"]["gradient_checkpointing"]
+    assert len(metrics["tokens_per_s"]) == 1 and metrics["total_tokens_per_s"] == metrics["tokens_per_s"][0]
+    assert _checkpoints(full) == ["checkpoint-000003", "checkpoint-000004"]  # the newest 2, no temp folder
+    assert {p.name for p in (full / "checkpoint-000004").iterdir()} == {
+        "model.safetensors",
+        "optimizer.safetensors",
+        "rng.safetensors",
+        "state.json",
+    }
+    assert json.loads((full / "checkpoint-000004" / "state.json").read_text())["step"] == 4
+    final = models.load_model(str(full / "final"))  # a Hugging Face folder the course can load
+    saved = load_file(str(full / "checkpoint-000004" / "model.safetensors"))
+    torch.testing.assert_close(final.classifier.weight, saved["classifier.weight"], rtol=0, atol=0)
+    assert "tokens/s" in proc.stdout and "total" in proc.stdout
+
+    proc = _run([*args, "--output-dir", str(killed), "--stop-after-steps", "2"], tmp_path)
+    assert proc.returncode == command.EXIT_STOPPED, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "--stop-after-steps 2: exiting at step 2" in proc.stdout
+    assert _checkpoints(killed) == ["checkpoint-000001", "checkpoint-000002"]  # complete, no temp folder
+    assert not (killed / "final").exists() and not (killed / "metrics.json").exists()
+    assert json.loads((killed / "checkpoint-000002" / "state.json").read_text())["step"] == 2
+
+    proc = _run([*args, "--output-dir", str(killed), "--resume"], tmp_path)
+    _assert_resumed(proc, killed, metrics, killed / "checkpoint-000002", start=2, steps=4)
+    _assert_same_params(_final_params(full), _final_params(killed), rtol=0, atol=0)
+
+
+@pytest.mark.slow  # launches the command (several seconds each)
+def test_torchrun_two_processes_resume_from_a_checkpoint_and_compress_gradients(tmp_path):
+    """Two processes under torchrun (gloo): the run, a second run resumed from the first one's
+    step-2 checkpoint (to the same final parameters: data order and dropout RNG restored), and the
+    run with fp16 gradients on the wire. (The stop flag's exit and left-behind checkpoint: above.)"""
+    full, resumed, hooked = tmp_path / "full", tmp_path / "resumed", tmp_path / "fp16-hook"
+    steps = ["--max-steps", "6", "--save-every", "2", "--keep-checkpoints", "3"]
+
+    proc = _run([*steps, "--output-dir", str(full)], tmp_path, processes=2)
+    _ok(proc)
+    metrics = _metrics(full)
+    assert metrics["processes"] == 2 and metrics["backend"] == "gloo" and metrics["global_batch"] == 8
+    assert metrics["distributed_type"] == "MULTI_CPU" and metrics["steps_run"] == 6
+    assert len(metrics["tokens_per_s"]) == 2
+    assert metrics["total_tokens_per_s"] == pytest.approx(sum(metrics["tokens_per_s"]))
+    assert proc.stdout.count("course_lib.cli.train:") == 1  # logged by the main process only
+    assert "rank 1:" in proc.stdout  # ... which reports every process's throughput
+    assert _checkpoints(full) == ["checkpoint-000002", "checkpoint-000004", "checkpoint-000006"]
+    assert json.loads((full / "checkpoint-000002" / "state.json").read_text())["world_size"] == 2
+
+    checkpoint = full / "checkpoint-000002"
+    proc = _run([*steps, "--output-dir", str(resumed), "--resume", str(checkpoint)], tmp_path, processes=2)
+    _assert_resumed(proc, resumed, metrics, checkpoint, start=2, steps=6)
+    assert "note:" not in proc.stdout  # same world size: the RNG states were restored, rank by rank
+    # dropout is on: equal final parameters need the restored RNG states too
+    _assert_same_params(_final_params(full), _final_params(resumed), rtol=1e-6, atol=1e-7)
+
+    # The same run with 16-bit gradients on the wire: half the bytes, nearly the same training.
+    proc = _run([*steps, "--output-dir", str(hooked), "--comm-hook", "fp16"], tmp_path, processes=2)
+    _ok(proc)
+    compressed = _metrics(hooked)
+    assert compressed["config"]["comm_hook"] == "fp16"
+    assert compressed["losses"] == pytest.approx(metrics["losses"], rel=1e-2)
+    assert compressed["losses"] != metrics["losses"]  # the hook ran: fp16 rounding changed the gradients
+
+
+@pytest.mark.slow  # launches the command (several seconds each)
 def test_torchrun_local_sgd_keeps_rank_states_apart_and_resumes_bit_exactly(tmp_path):
     """Local SGD on 2 processes: no gradient all-reduce (the ranks' optimizer states differ), the
-    parameters are averaged every 2 steps, and a killed run resumes to the same final parameters."""
-    full, killed = tmp_path / "full", tmp_path / "killed"
-    args = ["--max-steps", "6", "--save-every", "2", "--local-sgd-steps", "2"]
+    parameters are averaged every 2 steps, and a run resumed from a checkpoint reaches the same
+    final parameters (each rank's own optimizer state restored)."""
+    full, resumed = tmp_path / "full", tmp_path / "resumed"
+    args = ["--max-steps", "6", "--save-every", "2", "--keep-checkpoints", "3", "--local-sgd-steps", "2"]
     _ok(_run([*args, "--output-dir", str(full)], tmp_path, processes=2))
+    metrics = _metrics(full)
     checkpoint = full / "checkpoint-000006"
     rank0 = load_file(str(checkpoint / "optimizer-rank0.safetensors"))
     rank1 = load_file(str(checkpoint / "optimizer-rank1.safetensors"))
     assert rank0.keys() == rank1.keys()
     assert any(not torch.equal(rank0[k], rank1[k]) for k in rank0), "the ranks' gradients were all-reduced"
 
-    assert _run([*args, "--output-dir", str(killed), "--stop-after-steps", "3"], tmp_path, 2).returncode != 0
-    _ok(_run([*args, "--output-dir", str(killed), "--resume"], tmp_path, processes=2))
-    a, b = _final_params(full), _final_params(killed)
-    for name in a:
-        torch.testing.assert_close(b[name], a[name], rtol=0, atol=0)
+    checkpoint = full / "checkpoint-000002"
+    proc = _run([*args, "--output-dir", str(resumed), "--resume", str(checkpoint)], tmp_path, processes=2)
+    _assert_resumed(proc, resumed, metrics, checkpoint, start=2, steps=6)
+    _assert_same_params(_final_params(full), _final_params(resumed), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize(
@@ -166,14 +195,15 @@ def test_resume_without_a_checkpoint_says_what_to_do(tmp_path):
     assert checkpoints.find_resume_checkpoint(None, tmp_path) is None
 
 
-def test_bf16_comm_hook_on_gloo_says_to_use_fp16():
+def test_bf16_comm_hook_on_gloo_says_to_use_fp16(tmp_path):
     from course_lib.training.ddp import register_comm_hook
 
     class FakeDDP(torch.nn.Linear):
         def register_comm_hook(self, state, hook):  # a DDP model's method; never reached here
             raise AssertionError("registered a bf16 hook on gloo")
 
-    torch.distributed.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
+    store = torch.distributed.FileStore(str(tmp_path / "store"), 1)  # no port to race for
+    torch.distributed.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:
         with pytest.raises(
             ValueError, match=r"NCCL backend .* only; this run uses gloo.*this build: CUDA .*--comm-hook fp16"
@@ -184,8 +214,4 @@ def test_bf16_comm_hook_on_gloo_says_to_use_fp16():
     register_comm_hook(torch.nn.Linear(2, 2), "bf16")  # not DDP (one process): nothing to compress
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="fp16 is fine on a GPU")
-def test_fp16_on_a_cpu_is_refused():
-    with pytest.raises(ValueError, match="bf16"):
-        command.resolve_precision("fp16", cpu=False)
-    assert command.resolve_precision("no", cpu=True) == "no"
+# fp16 refused on a CPU and allowed on a GPU: tests/test_gpu_fakes.py (both, on any machine).

@@ -21,6 +21,7 @@ from browser_lab import (
 )
 
 skip_module_unless_available()
+pytestmark = pytest.mark.slow  # JupyterLab in Chromium: tens of seconds per test
 
 
 def write_notebook(path, *sources: str) -> None:

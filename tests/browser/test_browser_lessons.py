@@ -16,6 +16,7 @@ from browser_lab import (
 )
 
 skip_module_unless_available()
+pytestmark = pytest.mark.slow  # JupyterLab in Chromium: tens of seconds per test
 
 
 def run_lesson(page, lab, name: str, timeout_s: float) -> list[str]:

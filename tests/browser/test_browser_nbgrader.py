@@ -6,9 +6,11 @@ import re
 import subprocess
 import sys
 
+import pytest
 from browser_lab import ROOT, expect, menu, menu_commands, open_notebook, skip_module_unless_available
 
 skip_module_unless_available()
+pytestmark = pytest.mark.slow  # JupyterLab in Chromium: tens of seconds per test
 
 ASSIGNMENTS = sorted(p.name for p in (ROOT / "solutions").iterdir() if p.is_dir())
 VALIDATE_TIMEOUT_MS = 180_000  # nbgrader runs the whole notebook in a fresh kernel
