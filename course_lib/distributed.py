@@ -197,7 +197,8 @@ def launch(
     """Run ``fn(rank, world_size, *args)`` in ``world_size`` local processes; return their results.
 
     Each process joins one ``torch.distributed`` group (``backend``: gloo on CPU, nccl with one GPU per
-    process; ``None`` picks) with ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT`` set, so an
+    process; ``None`` picks) through a file in a temporary folder (a ``FileStore``: no TCP port to
+    pick, so nothing else on the machine can take it first), with ``RANK``/``WORLD_SIZE`` set, so an
     ``Accelerator()`` created inside ``fn`` joins it too. ``threads`` torch threads per process keep two
     processes from fighting over two cores. What ``fn`` returns (tensors, numbers, strings, lists and
     dicts of them) comes back as a list in rank order. An exception in any rank is re-raised here.
@@ -218,33 +219,30 @@ def launch(
         )
     if threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}.")
-    port = free_port()
     with tempfile.TemporaryDirectory(prefix="course-launch-") as out_dir:
         torch.multiprocessing.start_processes(
             _run_rank,
-            args=(fn, world_size, backend, port, threads, timeout_s, out_dir, tuple(args)),
+            args=(fn, world_size, backend, threads, timeout_s, out_dir, tuple(args)),
             nprocs=world_size,
             start_method=start_method,
         )
         return [torch.load(Path(out_dir) / f"rank{r}.pt") for r in range(world_size)]
 
 
-def _run_rank(rank, fn, world_size, backend, port, threads, timeout_s, out_dir, args) -> None:
-    """One launched process: join the group, run ``fn``, save its result for the parent."""
+def _run_rank(rank, fn, world_size, backend, threads, timeout_s, out_dir, args) -> None:
+    """One launched process: join the group (through a file in ``out_dir``), run ``fn``, save its result."""
     torch.set_num_threads(threads)
     os.environ.update(
         RANK=str(rank),
         LOCAL_RANK=str(rank),
         WORLD_SIZE=str(world_size),
         LOCAL_WORLD_SIZE=str(world_size),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
     )
     if backend == "nccl":
         torch.cuda.set_device(rank)
     dist.init_process_group(
         backend,
-        init_method=f"tcp://127.0.0.1:{port}",
+        init_method=Path(out_dir, "store").as_uri(),  # a FileStore (file:// URL)
         rank=rank,
         world_size=world_size,
         timeout=datetime.timedelta(seconds=timeout_s),

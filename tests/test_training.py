@@ -264,3 +264,46 @@ def test_micro_batches_mark_updates_and_the_short_last_window():
     assert marks == [(False, 4), (False, 4), (False, 4), (True, 4), (True, 1)]
     assert [(u, w) for _, u, w in micro_batches(range(5), 4, start=4)] == [(True, 1)]  # resumed there
     assert [(u, w) for _, u, w in micro_batches(range(6), 3)] == [(False, 3), (False, 3), (True, 3)] * 2
+
+
+class _TinyClassifier(torch.nn.Module):
+    """The loop's model interface (``model(**batch).loss``) on 4 numbers per row: steps take microseconds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 2)
+
+    def forward(self, input_ids, labels):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(loss=torch.nn.functional.cross_entropy(self.linear(input_ids), labels))
+
+
+def test_progress_bar_redraws_a_bounded_number_of_times_however_slow_the_steps(monkeypatch):
+    """Every step slower than PROGRESS_INTERVAL (faked: interval 0) still redraws about PROGRESS_REDRAWS
+    times per run, not once a step: a long cell on a loaded machine stays within nbval's message budget."""
+    import io
+
+    from tqdm import tqdm as text_tqdm
+
+    from course_lib.training import loop
+
+    bars = []
+
+    class CountingBar(text_tqdm):
+        def __init__(self, *args, **kwargs):
+            self.redraws = 0
+            super().__init__(*args, file=io.StringIO(), **kwargs)
+            bars.append(self)
+
+        def refresh(self, *args, **kwargs):
+            self.redraws += 1
+            return super().refresh(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "tqdm", CountingBar)
+    monkeypatch.setattr(loop, "PROGRESS_INTERVAL", 0.0)  # as if every step took longer than the interval
+    rows = [{"input_ids": torch.randn(1, 4), "labels": torch.tensor([i % 2])} for i in range(100)]
+    cfg = training.TrainConfig(epochs=1, lr=1e-2, warmup_ratio=0, progress=True, device="cpu")
+    history = training.train(_TinyClassifier(), rows, cfg, optimizer=None)
+    assert len(history.losses) == 100 and len(bars) == 1 and bars[0].n == 100
+    assert 2 <= bars[0].redraws <= loop.PROGRESS_REDRAWS + 2, bars[0].redraws  # + the first and the last
