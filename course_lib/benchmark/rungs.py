@@ -228,9 +228,10 @@ def prepare(cfg) -> Prepared:
     seed_everything(cfg.seed)
     model = load_model()
     model.config.problem_type = "single_label_classification"  # what the first forward pass would set
-    return Prepared(
-        model, tokenizer, train_rows.select(range(rows)), data.make_dataloader(evals, tokenizer, 128)
-    )
+    eval_loader = data.make_dataloader(evals, tokenizer, 128)
+    # Its own generator: an evaluation mid-run then draws no number from the global RNG (dropout's).
+    eval_loader.generator = torch.Generator().manual_seed(cfg.seed)
+    return Prepared(model, tokenizer, train_rows.select(range(rows)), eval_loader)
 
 
 class _Counting:
