@@ -1,4 +1,4 @@
-"""Suite-wide set-up, for every test (tests/, and notebooks/ and solutions/ under nbval).
+"""Suite-wide set-up, for every test (tests/, and notebooks/ under nbval; solutions/ when named).
 
 * Offline: the Hugging Face switches are set, and ``tests/netguard`` goes on ``PYTHONPATH`` so this
   process and every child Python process (notebook kernels, torchrun workers, nbgrader) raise on any

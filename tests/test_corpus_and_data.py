@@ -85,11 +85,14 @@ def test_tokenize_and_dynamic_padding(mrpc, tokenizer):
 
 def test_shuffling_is_seeded(mrpc, tokenizer):
     tokenized = data.tokenize_dataset(mrpc["validation"], tokenizer)
-    first = [
-        next(iter(data.make_dataloader(tokenized, tokenizer, 4, shuffle=True, seed=7)))["labels"]
-        for _ in range(2)
-    ]
-    assert torch.equal(*first)
+
+    def first_batch(**kwargs):
+        return next(iter(data.make_dataloader(tokenized, tokenizer, 4, **kwargs)))["input_ids"]
+
+    seven = first_batch(shuffle=True, seed=7)
+    assert torch.equal(seven, first_batch(shuffle=True, seed=7))  # the same seed: the same order
+    assert not torch.equal(seven[:, :8], first_batch(shuffle=True, seed=8)[:, :8])  # another seed: another
+    assert not torch.equal(seven[:, :8], first_batch(shuffle=False)[:, :8])  # ... and shuffled at all
 
 
 def test_empty_split_is_a_clear_error(mrpc, tokenizer):
