@@ -5,7 +5,12 @@ import os
 from nbgrader.converters import Autograde, GenerateFeedback
 
 from course_lib.tooling.check import CELL_TIMEOUT, IGNORED_STDERR
-from course_lib.tooling.grading import OUTPUT_CHAR_LIMIT, default_preprocessors, with_output_size_limit
+from course_lib.tooling.grading import (
+    OUTPUT_CHAR_LIMIT,
+    default_preprocessors,
+    with_output_size_limit,
+    with_quiet_overwrite,
+)
 
 c = get_config()  # noqa: F821  (injected by nbgrader)
 
@@ -29,6 +34,14 @@ c.IgnorePattern.pattern = IGNORED_STDERR
 # like the others, instead of scoring zero and waiting for manual grading. Edited test cells are
 # always replaced by the originals. A deleted answer cell is not restored: its tests fail.
 c.OverwriteCells.add_missing_cells = True
+# A submitted test cell with hidden tests always differs from the gradebook's copy (the release stripped
+# them), and nbgrader's OverwriteCells logs "Attribute 'checksum' for cell ... has changed!" for each one,
+# in every submission. course_lib.tooling.grading.QuietOverwriteCells restores the hidden tests of a cell
+# that is exactly as released before comparing, so the warning names only cells a student really edited;
+# every locked cell is still graded with the gradebook's source.
+c.Autograde.sanitize_preprocessors = with_quiet_overwrite(
+    default_preprocessors(Autograde, "sanitize_preprocessors")
+)
 
 # nbgrader's LimitOutput bounds the lines of output a cell keeps, not their length: course_lib.tooling.grading's
 # LimitOutputSize also bounds the characters (one 5 MB line would otherwise reach the autograded

@@ -37,7 +37,7 @@ import nbformat
 import pytest
 
 from course_lib.tooling.check import CELL_TIMEOUT, IGNORED_STDERR, check_notebook, execute_copy
-from course_lib.tooling.grading import NOTE, OUTPUT_CHAR_LIMIT, LimitOutputSize
+from course_lib.tooling.grading import NOTE, OUTPUT_CHAR_LIMIT, LimitOutputSize, released_source
 from course_lib.tooling.release import fill_answers, find_assignments, strip_solution_markers
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,6 +52,8 @@ COMMAND_LIMIT = 900
 # Notebooks run two at a time (two gradebooks, two matrix workers) on 2 cores: one OpenMP thread each,
 # or torch's threads thrash (CONTRIBUTING, "Threads and load").
 KERNEL_ENV = {"OMP_NUM_THREADS": "1"}
+# Notebooks graded at once at most: one per gradebook (two) and one more for the fixture matrix.
+MATRIX_WORKERS = 3
 # While developing one assignment: COURSE_GRADING_ONLY=04_accumulation_checkpointing pytest tests/test_grading.py
 # grades only the named assignments (comma-separated). `make test` grades every one.
 ONLY = {a for a in os.environ.get("COURSE_GRADING_ONLY", "").split(",") if a}
@@ -375,6 +377,7 @@ class MatrixResult:
     scores: dict[str, tuple[float, float]]  # test grade_id -> (score, max)
     errors: dict[str, str]  # test grade_id -> the error of a failed test
     seconds: float
+    cell_seconds: dict[str, float] = field(default_factory=dict)  # grade_id -> seconds, every cell that ran
 
 
 def run_matrix_notebook(folder: Path, run: MatrixRun) -> MatrixResult:
@@ -384,7 +387,7 @@ def run_matrix_notebook(folder: Path, run: MatrixRun) -> MatrixResult:
     report = check_notebook(path, env=KERNEL_ENV)
     scores = {t.grade_id: (t.points, t.max_points) for t in report.tests}
     errors = {t.grade_id: t.error or "" for t in report.tests if not t.passed}
-    return MatrixResult(run, scores, errors, report.seconds)
+    return MatrixResult(run, scores, errors, report.seconds, report.cell_seconds)
 
 
 def measured_scores(graded, matrix, assignment: str, owner: Submission | Alternative) -> dict:
@@ -395,6 +398,7 @@ def measured_scores(graded, matrix, assignment: str, owner: Submission | Alterna
     return matrix[run.name].scores
 
 
+@pytest.mark.slow
 def test_matrix_notebooks_score_exactly_as_expected(matrix):
     """Every matrix notebook loses exactly the points of its wrong answers; the alternatives lose none."""
     problems = []
@@ -483,6 +487,7 @@ def coverage_table(graded, matrix) -> tuple[list[str], list[str]]:
     return lines, problems
 
 
+@pytest.mark.slow
 def test_every_test_fails_a_wrong_answer_and_every_answer_has_an_alternative(graded, matrix, capsys):
     """Coverage of the tests, measured: every test cell is failed by at least one wrong answer and passed
     by every other fixture; every answer cell has an alternative correct answer earning full marks."""
@@ -519,6 +524,7 @@ def test_nbgrader_and_alembic_come_from_this_environment():
         )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("assignment", ASSIGNMENTS)
 def test_reference_solutions_earn_full_marks(graded, assignment):
     scores = graded[assignment].scores[REFERENCE]
@@ -538,6 +544,7 @@ def test_reference_solutions_earn_full_marks(graded, assignment):
     assert not raised, f"cells {raised} of the autograded reference of {assignment} raised an error"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("assignment", ASSIGNMENTS)
 def test_untouched_release_earns_zero(graded, assignment):
     scores = graded[assignment].scores[UNTOUCHED]
@@ -545,6 +552,7 @@ def test_untouched_release_earns_zero(graded, assignment):
     assert scores and not earned, f"the unanswered release earned points in {earned}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("submission", SUBMISSIONS, ids=lambda s: f"{s.assignment}-{s.student}")
 def test_submission_loses_exactly_the_points_of_its_failing_tests(request, submission):
     """Graded by nbgrader or in the fixture matrix, a submission loses exactly its failing tests' points."""
@@ -562,6 +570,7 @@ def test_submission_loses_exactly_the_points_of_its_failing_tests(request, submi
     assert not wrong, f"{submission.student} ({submission.description}): {wrong}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("alternative", ALTERNATIVE_ANSWERS, ids=lambda a: f"{a.assignment}-{a.name}")
 def test_alternative_answer_earns_full_marks(graded, matrix, alternative):
     scores = measured_scores(graded, matrix, alternative.assignment, alternative)
@@ -609,6 +618,7 @@ def the_submission(condition) -> Submission:
     return submission
 
 
+@pytest.mark.slow
 def test_runaway_cell_is_interrupted_and_grading_goes_on(graded):
     run = graded_run(graded, "00_intro")
     cells = cells_by_id(read_notebook(run.notebook("autograded", "runaway_and_edited_test")))
@@ -625,6 +635,7 @@ def test_runaway_cell_is_interrupted_and_grading_goes_on(graded):
     )
 
 
+@pytest.mark.slow
 def test_edited_test_cell_is_graded_with_the_original(graded):
     run = graded_run(graded, "00_intro")
     submitted = cells_by_id(read_notebook(run.notebook("submitted", "runaway_and_edited_test")))
@@ -636,6 +647,7 @@ def test_edited_test_cell_is_graded_with_the_original(graded):
     assert run.scores["runaway_and_edited_test"]["test_pick_device"][0] == 0
 
 
+@pytest.mark.slow
 def test_deleted_test_cells_are_restored_and_graded(graded):
     """With OverwriteCells.add_missing_cells, deleted test cells come back, hidden tests included, and
     are graded like the others: no zero for a right answer, no manual grading."""
@@ -659,6 +671,7 @@ def test_deleted_test_cells_are_restored_and_graded(graded):
     )
 
 
+@pytest.mark.slow
 def test_long_output_lines_are_cut_in_the_autograded_notebook_and_the_feedback(graded):
     """LimitOutputSize (course_lib.tooling.grading) bounds a cell's output: a 5 MB line does not reach the graded
     notebook or the feedback whole, and the cell keeps its grade."""
@@ -712,6 +725,7 @@ def test_output_size_limit_keeps_the_grade_and_says_what_it_cut():
     assert kept.cells[0].outputs[0].text == "fine\n"
 
 
+@pytest.mark.slow
 def test_hidden_tests_run_at_autograde_time(graded):
     for assignment, run in graded.items():
         source = cells_by_id(read_notebook(ROOT / "solutions" / assignment / f"{assignment}.ipynb"))
@@ -726,6 +740,89 @@ def test_hidden_tests_run_at_autograde_time(graded):
         )
 
 
+def test_released_test_cells_are_their_source_without_the_hidden_tests():
+    """The premise of QuietOverwriteCells: every locked cell of the release is its source cell with the
+    hidden-test region removed (released_source), so a cell equal to that was not edited."""
+    for assignment in ALL_ASSIGNMENTS:
+        source = cells_by_id(read_notebook(ROOT / "solutions" / assignment / f"{assignment}.ipynb"))
+        release = cells_by_id(read_notebook(ROOT / "exercises" / assignment / f"{assignment}.ipynb"))
+        for gid, cell in source.items():
+            if cell.metadata["nbgrader"].get("locked") and cell.cell_type == "code":
+                assert release[gid].source == released_source(cell.source), (
+                    f"{assignment}: the released {gid} is not its source without the hidden tests: "
+                    "run python -m course_lib.tooling.release"
+                )
+
+
+@pytest.mark.slow
+def test_autograde_reports_only_cells_a_student_edited(graded):
+    """nbgrader's "Attribute 'checksum' for cell ... has changed!" names only test cells a submission edited,
+    not every cell whose hidden tests the release stripped (course_lib.tooling.grading.QuietOverwriteCells)."""
+    for assignment, run in graded.items():
+        locked = {
+            gid
+            for gid, cell in cells_by_id(graded_reference(assignment)).items()
+            if cell.metadata["nbgrader"].get("locked")
+        }
+        edited = {
+            p["cell"]
+            for s in SUBMISSIONS
+            if s.assignment == assignment and s.graded_by == "nbgrader"
+            for p in s.patches
+            if p["cell"] in locked and not p.get("delete")
+        }
+        cells = set(cells_by_id(graded_reference(assignment)))
+        reported = set(re.findall(r"Attribute 'checksum' for cell (\S+) has changed", run.log)) & cells
+        assert reported == edited, (
+            f"{assignment}: autograde reported {sorted(reported)} as changed; the submissions edited {sorted(edited)}"
+        )
+
+
+# The grading cell limit needs headroom: a reference cell may take at most a third of it under the
+# fixture matrix's own parallel load (several notebooks on two cores), so that a slower grader's
+# machine does not cut off correct answers.
+HEADROOM = 3
+
+
+def slowest_reference_cells(matrix) -> dict[str, tuple[float, str, str]]:
+    """Per assignment: (seconds, cell, notebook) of the slowest cell that held the reference's code.
+
+    In every matrix notebook, the cells of the course (set-up, reference answers) and the test cells of
+    reference answers count; the cells a fixture patched, and the tests of answers it patched, do not.
+    """
+    slowest = {}
+    for name, result in matrix.items():
+        answers, _ = cells_of(result.run.assignment)
+        patched = result.run.cells | {t for cell in result.run.cells for t in answers.get(cell, [])}
+        for cell, seconds in result.cell_seconds.items():
+            if cell not in patched and seconds > slowest.get(result.run.assignment, (0.0,))[0]:
+                slowest[result.run.assignment] = (seconds, cell, name)
+    return slowest
+
+
+@pytest.mark.slow
+def test_reference_cells_leave_the_cell_limit_headroom(matrix, capsys):
+    """The slowest reference cell of each assignment, measured in the fixture matrix, takes at most a third
+    of the autograder's per-cell limit (CELL_TIMEOUT, nbgrader_config.py)."""
+    slowest = slowest_reference_cells(matrix)
+    load = os.getloadavg()[0]
+    with capsys.disabled():
+        print(f"\n\nSlowest reference cell per assignment (fixture matrix, load average {load:.1f}):")
+        for assignment, (seconds, cell, name) in sorted(slowest.items()):
+            print(f"  {assignment:<32} {seconds:5.1f} s  {cell} (in {name})")
+    too_slow = {a: v for a, v in slowest.items() if v[0] > CELL_TIMEOUT / HEADROOM}
+    if too_slow and load > 2 * MATRIX_WORKERS:
+        pytest.skip(
+            f"the machine was busy beyond the matrix's own {MATRIX_WORKERS} notebooks (load average {load:.1f}): "
+            f"{too_slow} is not a measurement of the grader's headroom; rerun on a quiet machine"
+        )
+    assert not too_slow, (
+        f"reference cells over a third of the {CELL_TIMEOUT} s cell limit: {too_slow}; split the cell or make "
+        "it cheaper (a grader's slower machine would cut off correct answers)"
+    )
+
+
+@pytest.mark.slow
 def test_library_warnings_do_not_cost_points(graded):
     """A correct answer that makes torch warn inside a test cell keeps its points."""
     submission = the_submission(lambda s: s.student == "library_warnings")
@@ -748,6 +845,7 @@ def test_library_warnings_do_not_cost_points(graded):
         )
 
 
+@pytest.mark.slow
 def test_feedback_for_every_submission(graded):
     for assignment, run in graded.items():
         for student in run.students:
@@ -761,6 +859,7 @@ def test_feedback_for_every_submission(graded):
             )
 
 
+@pytest.mark.slow
 def test_grades_exported_to_csv(graded):
     for assignment, run in graded.items():
         with (run.course / "grades.csv").open(newline="") as f:
@@ -807,6 +906,7 @@ def instructor_course(tmp_path_factory) -> tuple[Path, subprocess.CompletedProce
     return course, done
 
 
+@pytest.mark.slow
 def test_instructor_guide_commands_work_as_written(instructor_course):
     course, done = instructor_course
     assert len(bash_blocks(instructor_section())) >= 7
@@ -818,42 +918,61 @@ def test_instructor_guide_commands_work_as_written(instructor_course):
     with (course / "grades.csv").open(newline="") as f:
         (row,) = [r for r in csv.DictReader(f) if r["assignment"] == "00_intro"]
     assert row["student_id"] == student and float(row["score"]) == float(row["max_score"]) > 0, row
-    assert "formgrader" in done.stdout
+    # `jupyter server extension list` colours its status: "enabled" must follow the extension's name
+    # ("formgrader disabled" also names it). That it serves pages is the next test's business.
+    listed = re.sub(r"\x1b\[[0-9;]*m", "", done.stdout)
+    assert re.search(r"nbgrader\.server_extensions\.formgrader\s+enabled\b", listed), (
+        f"the guide's extension check does not list the formgrader as enabled:\n{listed[-2000:]}"
+    )
 
 
-def test_formgrader_serves_the_graded_course(instructor_course):
-    """JupyterLab started in the course folder serves the formgrader with the autograded submission."""
+@pytest.mark.slow
+def test_formgrader_serves_the_graded_course(instructor_course, tmp_path):
+    """JupyterLab started in the course folder serves the formgrader with the autograded submission.
+
+    The server picks its own free port (``--port=0``); the test reads it from the server's runtime file
+    (``jpserver-<pid>.json``) and asks the formgrader's API on 127.0.0.1. The server's log goes to a file,
+    so that a full pipe cannot block it.
+    """
     import json
-    import socket
     import time
     import urllib.request
 
     course, done = instructor_course
     assert done.returncode == 0
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    token = "course-test"
-    cmd = [shutil.which("jupyter"), "lab", "--no-browser", "--allow-root", "--ip=127.0.0.1", f"--port={port}"]
+    runtime, token = tmp_path / "runtime", "course-test"
+    cmd = [shutil.which("jupyter"), "lab", "--no-browser", "--allow-root", "--ip=127.0.0.1", "--port=0"]
     cmd.append(f"--IdentityProvider.token={token}")
-    env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(course.parent / "runtime")}
-    server = subprocess.Popen(
-        cmd, cwd=course, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-    )
+    env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(runtime)}
+    log_path = tmp_path / "server.log"
+    with log_path.open("w") as log:
+        server = subprocess.Popen(cmd, cwd=course, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
-        url = f"http://127.0.0.1:{port}/formgrader/api/submissions/00_intro?token={token}"
-        deadline, submissions = time.monotonic() + 180, None
+        deadline, port, submissions = time.monotonic() + 180, None, None
         while submissions is None and time.monotonic() < deadline and server.poll() is None:
-            try:
-                with urllib.request.urlopen(url, timeout=10) as response:
-                    submissions = json.load(response)
-            except OSError:
-                time.sleep(0.5)
+            if port is None:
+                infos = [json.loads(p.read_text()) for p in runtime.glob("jpserver-*.json")]
+                port = next((i["port"] for i in infos if i.get("pid") == server.pid), None)
+            if port is not None:
+                url = f"http://127.0.0.1:{port}/formgrader/api/submissions/00_intro?token={token}"
+                try:
+                    with urllib.request.urlopen(url, timeout=10) as response:
+                        submissions = json.load(response)
+                    break
+                except OSError:
+                    pass
+            time.sleep(0.5)
         assert submissions is not None, (
-            f"the formgrader did not answer:\n{server.stderr.read() if server.poll() is not None else ''}"
+            f"the formgrader did not answer (port {port}, server "
+            f"{'running' if server.poll() is None else f'exited {server.returncode}'}):\n"
+            f"{log_path.read_text(errors='replace')[-3000:]}"
         )
         (submission,) = submissions
         assert submission["score"] == submission["max_score"] > 0, submission
     finally:
         server.terminate()
-        server.wait(timeout=30)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(timeout=30)

@@ -56,6 +56,7 @@ class CheckReport:
     answer_errors: dict[str, str] = field(default_factory=dict)  # grade_id -> "NameError: ..."
     modified_cells: list[str] = field(default_factory=list)  # locked cells edited by the learner
     seconds: float = 0.0
+    cell_seconds: dict[str, float] = field(default_factory=dict)  # grade_id -> seconds the kernel spent on it
 
     @property
     def score(self) -> float:
@@ -116,6 +117,22 @@ def _error_line(cell) -> str | None:
             value = str(out.get("evalue", "")).strip().splitlines()
             return f"{out.get('ename', 'Error')}: {value[0] if value else ''}".rstrip(": ")
     return None
+
+
+def _parse_time(stamp: str) -> float:
+    """Seconds since the epoch of one of nbclient's ISO 8601 timestamps (``2026-12-01T09:30:00.123456Z``)."""
+    from datetime import datetime
+
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def cell_seconds(cell) -> float | None:
+    """Seconds the kernel spent on ``cell``, from nbclient's timing metadata; None if it did not run."""
+    timing = cell.get("metadata", {}).get("execution", {})
+    start, end = timing.get("iopub.execute_input"), timing.get("shell.execute_reply")
+    if not (start and end):
+        return None
+    return _parse_time(end) - _parse_time(start)
 
 
 def _drop_ignored_stderr(cell) -> None:
@@ -197,6 +214,8 @@ def check_notebook(
         if cell.cell_type != "code" or not meta:
             continue
         grade_id = meta.get("grade_id", "?")
+        if (seconds := cell_seconds(cell)) is not None:
+            report.cell_seconds[grade_id] = seconds
         if meta.get("grade") and not meta.get("solution"):
             _drop_ignored_stderr(cell)
             points, max_points = determine_grade(cell)

@@ -1,5 +1,14 @@
 """The course's additions to nbgrader, registered in ``nbgrader_config.py``.
 
+``QuietOverwriteCells`` is nbgrader's ``OverwriteCells`` without its false alarm. The release strips the
+hidden tests from a test cell, so every submitted test cell that had hidden tests differs from the copy
+in the gradebook, and ``OverwriteCells`` logs "Attribute 'checksum' for cell ... has changed!" for each
+of them in every submission, although nobody edited anything. ``QuietOverwriteCells`` first puts the
+hidden tests back into a cell that is exactly its released version (the gradebook's source with the
+hidden-test region removed, as ``ClearHiddenTests`` removes it); ``OverwriteCells`` then finds it
+unchanged. Any other edit is still reported and replaced by the original, so the protection is the
+same: every locked cell is graded with the gradebook's source.
+
 nbgrader's own ``LimitOutput`` bounds the number of *lines* a cell keeps, not their length: a submission
 that prints one 5 MB line puts all of it into the autograded notebook, the gradebook's view of it and
 the feedback page. ``LimitOutputSize`` bounds the *characters* instead: every code cell keeps at most
@@ -12,7 +21,9 @@ from __future__ import annotations
 
 import json
 
-from nbgrader.preprocessors import LimitOutput, NbGraderPreprocessor
+from nbformat.notebooknode import NotebookNode
+from nbgrader.api import MissingEntry
+from nbgrader.preprocessors import ClearHiddenTests, LimitOutput, NbGraderPreprocessor, OverwriteCells
 from traitlets import Integer
 
 OUTPUT_CHAR_LIMIT = 20_000  # characters of output one cell keeps in autograded notebooks and feedback
@@ -85,6 +96,35 @@ def _limit_output(output, budget: _Budget) -> None:
                 break
             traceback.append(budget.take(line))
         output["traceback"] = traceback
+
+
+def released_source(source: str) -> str:
+    """``source`` as the release shows it: with its hidden-test region removed (nbgrader's ClearHiddenTests)."""
+    cell = NotebookNode(cell_type="code", source=source, metadata={})
+    ClearHiddenTests()._remove_hidden_test_region(cell)
+    return cell.source
+
+
+class QuietOverwriteCells(OverwriteCells):
+    """``OverwriteCells`` that does not report a locked cell as changed when it is exactly as released."""
+
+    def preprocess_cell(self, cell, resources, cell_index):
+        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+        if grade_id is not None:
+            try:
+                source = self.gradebook.find_source_cell(grade_id, self.notebook_id, self.assignment_id)
+            except MissingEntry:
+                source = None  # OverwriteCells reports it
+            if source is not None and source.locked and cell.source != source.source:
+                if cell.source == released_source(source.source):
+                    cell.source = source.source  # the released cell: only the hidden tests are missing
+        return super().preprocess_cell(cell, resources, cell_index)
+
+
+def with_quiet_overwrite(preprocessors: list) -> list:
+    """``preprocessors`` with nbgrader's ``OverwriteCells`` replaced by ``QuietOverwriteCells``."""
+    assert OverwriteCells in preprocessors, f"no OverwriteCells in {preprocessors}"
+    return [QuietOverwriteCells if p is OverwriteCells else p for p in preprocessors]
 
 
 def with_output_size_limit(preprocessors: list) -> list:
