@@ -1,5 +1,6 @@
-"""Lesson 04's demonstrations: accumulation equals the big batch when weighted right; checkpointing
-recomputes each layer once, keeps the gradients and saves fewer bytes; sqrt(n) on a synthetic stack."""
+"""Lesson 04's demonstrations: accumulation equals the big batch when weighted right (and Trainer's does
+not for DistilBERT unless told); checkpointing recomputes each layer once, keeps the gradients and saves
+fewer bytes; forward and backward timed apart; sqrt(n) on a synthetic stack; model states read from tensors."""
 
 import copy
 
@@ -7,8 +8,8 @@ import pytest
 import torch
 
 from course_lib.demos import accumulation_checkpointing as ac
-from course_lib.distributed import disable_dropout, flat_grads
-from course_lib.instruments.memory import saved_tensor_bytes
+from course_lib.distributed import disable_dropout, flat_grads, flat_params
+from course_lib.instruments.memory import model_state_bytes, saved_tensor_bytes
 from course_lib.models import load_model
 
 TOL = 1e-5  # float32 rounding of a reordered sum is ~1e-7 here
@@ -154,3 +155,116 @@ def test_errors_say_what_to_pass():
     assert torch.equal(
         ac.linear_gelu_stack(2, 4, seed=1)[0][0].weight, ac.linear_gelu_stack(2, 4, seed=1)[0][0].weight
     )
+
+
+def _manual_accumulation(model, parts, divide_by_k: bool, lr: float = 0.5):
+    """One SGD update over ``parts``, each loss divided by k (right) or not at all (Trainer's slip)."""
+    work = copy.deepcopy(model)
+    optimizer = torch.optim.SGD(work.parameters(), lr=lr)
+    recorder = ac.StepRecorder(optimizer, work)
+    for part in parts:
+        loss = work(**part).loss
+        (loss / len(parts) if divide_by_k else loss).backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    optimizer.step()  # no gradients: SGD skips every parameter, the recorder still sees a step
+    recorder.remove()
+    optimizer.step()  # after remove(): not recorded
+    return recorder
+
+
+def test_step_recorder_compares_each_update_with_the_exact_one(model, batch):
+    parts = ac.split_batch(batch, [3, 3, 3, 3])
+    right = _manual_accumulation(model, parts, divide_by_k=True)
+    assert len(right.before) == len(right.after) == len(right.lrs) == 2 and right.lrs == [0.5, 0.5]
+    assert torch.count_nonzero(right.updates()[1]) == 0
+    first = ac.compare_updates(right, model, [batch, batch], TOL)[0]
+    assert first["same"] and first["ratio"] == pytest.approx(1.0, abs=1e-4) and first["rows"] == 12
+    summed = ac.compare_updates(
+        _manual_accumulation(model, parts, divide_by_k=False), model, [batch, batch], TOL
+    )
+    assert not summed[0]["same"] and summed[0]["ratio"] == pytest.approx(4.0, abs=1e-4)
+    with pytest.raises(ValueError, match="one batch per step"):
+        ac.compare_updates(right, model, [batch], TOL)
+
+
+def test_exact_update_starts_from_the_given_parameters(model, batch):
+    params = flat_params(model) + 0.01
+    update = ac.exact_update(model, params, batch, lr=0.5)
+    shifted = copy.deepcopy(model)
+    torch.nn.utils.vector_to_parameters(params, shifted.parameters())
+    assert ac.max_abs_diff(update, -0.5 * ac.accumulated_gradients(shifted, [batch])) < TOL
+    assert torch.equal(flat_params(model) + 0.01, params)  # the model and params are left as they were
+
+
+@pytest.mark.slow  # a Trainer (and its Accelerator) twice: a few seconds
+def test_trainer_accumulation_of_distilbert_is_k_times_the_big_batch_unless_told(model, batch, tmp_path):
+    """transformers 5.24 (huggingface/transformers#47688): a forward with **kwargs makes Trainer skip its
+    division by the accumulation steps. If this fails, transformers changed: update lesson 04 section 4."""
+    from datasets import Dataset
+    from transformers import Trainer, TrainingArguments
+    from transformers.trainer_callback import PrinterCallback
+
+    rows = Dataset.from_dict({key: value.tolist() for key, value in batch.items()})
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=6,
+        gradient_accumulation_steps=2,
+        num_train_epochs=1,
+        learning_rate=1.0,
+        lr_scheduler_type="constant",
+        max_grad_norm=0.0,
+        train_sampling_strategy="sequential",
+        use_cpu=True,
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+    )
+    ratios = {}
+    for fix in (None, False):
+        work = copy.deepcopy(model)
+        sgd = torch.optim.SGD(work.parameters(), lr=1.0)
+        recorder = ac.StepRecorder(sgd, work)
+        trainer = Trainer(model=work, args=args, train_dataset=rows, optimizers=(sgd, None))
+        trainer.remove_callback(PrinterCallback)
+        assert trainer.model_accepts_loss_kwargs is True
+        if fix is not None:
+            trainer.model_accepts_loss_kwargs = fix
+        trainer.train()
+        (row,) = ac.compare_updates(recorder, model, [batch], TOL)
+        ratios[fix] = (row["same"], round(row["ratio"], 3))
+    assert ratios == {None: (False, 2.0), False: (True, 1.0)}
+
+
+def test_time_phases_and_the_predicted_ratio(model, batch):
+    plain = copy.deepcopy(model)
+    checkpointed = copy.deepcopy(model)
+    checkpointed.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    phases = ac.time_phases({"plain": plain, "checkpointed": checkpointed}, batch, warmup=0, repeat=1)
+    for t in phases.values():
+        assert t["forward"] > 0 and t["backward"] > 0 and 0 < t["layers forward"] <= t["forward"]
+    assert all(p.grad is not None for p in plain.parameters())  # a real backward ran
+    assert ac.predicted_ratio(1.0, 2.0, 1.0) == pytest.approx(4 / 3)  # the count's case
+    assert ac.predicted_ratio(1.0, 1.0, 0.5) == pytest.approx(1.25)
+    with pytest.raises(ValueError, match="layers_forward"):
+        ac.predicted_ratio(1.0, 2.0, 1.5)
+    with pytest.raises(ValueError, match="repeat"):
+        ac.time_phases({"plain": plain}, batch, repeat=0)
+
+
+def test_model_state_bytes_reads_the_tensors(model, batch):
+    work = copy.deepcopy(model)
+    n = sum(p.numel() for p in work.parameters())
+    assert model_state_bytes(work) == {"weights": 4 * n, "gradients": 0, "optimizer state": 0}
+    optimizer = torch.optim.AdamW(work.parameters(), lr=1e-3)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = work(**batch).loss
+    loss.backward()  # autocast keeps fp32 weights, so the gradients are fp32 too
+    optimizer.step()
+    assert model_state_bytes(work, optimizer) == {
+        "weights": 4 * n,
+        "gradients": 4 * n,
+        "optimizer state": 8 * n,
+    }
+    work.half()
+    assert model_state_bytes(work)["weights"] == 2 * n  # dtype as it is, not a formula

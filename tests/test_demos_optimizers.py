@@ -1,5 +1,6 @@
 """Lesson 06's demonstrations (course_lib.demos.optimizers): optimizer state read from the tensors."""
 
+import copy
 import subprocess
 import sys
 import textwrap
@@ -129,3 +130,56 @@ def test_importing_bitsandbytes_is_quiet_on_a_cpu_with_avx512_bf16():
     )
     assert "branch ran: True" in done.stdout, done.stdout + done.stderr
     assert done.stderr == "", done.stderr
+
+
+class _Tiny(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(64, 64)
+        self.LayerNorm = torch.nn.LayerNorm(64)
+        self.head = torch.nn.Linear(64, 2)
+        torch.nn.init.zeros_(self.head.bias)
+
+    def forward(self, x):
+        return self.head(self.LayerNorm(self.lin(x)))
+
+
+def test_param_kinds_and_step_sizes_per_kind():
+    torch.manual_seed(0)
+    model = _Tiny()
+    kinds = {name: od.param_kind(name, p) for name, p in model.named_parameters()}
+    assert kinds == {
+        "lin.weight": "weight matrices",
+        "lin.bias": "biases",
+        "LayerNorm.weight": "LayerNorm gains",
+        "LayerNorm.bias": "biases at zero",  # LayerNorm's bias starts at 0
+        "head.weight": "weight matrices",
+        "head.bias": "biases at zero",
+    }
+    steps = {}
+    for name, lr in (("adamw", 1e-3), ("adafactor", 1e-2)):
+        work = copy.deepcopy(model)
+        before = {n: p.detach().clone() for n, p in work.named_parameters()}
+        optimizer = make_optimizer(work, lr=lr, weight_decay=0.0, name=name)
+        work(torch.randn(8, 64, generator=torch.Generator().manual_seed(1))).pow(2).sum().backward()
+        optimizer.step()
+        steps[name] = od.step_rms_by_kind(work, before)
+    # AdamW's first step is about lr for every kind; Adafactor's is lr x max(RMS, 1e-3): relative.
+    assert all(abs(row["step RMS"] - 1e-3) < 2e-4 for row in steps["adamw"].values())
+    assert steps["adafactor"]["LayerNorm gains"]["step RMS"] > 5e-3  # RMS 1: lr x 1
+    assert steps["adafactor"]["biases at zero"]["step RMS"] < 1e-4  # RMS 0: lr x eps2
+    with pytest.raises(ValueError, match="copy every named parameter"):
+        od.step_rms_by_kind(model, {})
+
+
+def test_step_peak_counts_the_temporaries_of_a_step():
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(256, 256, bias=False)
+    adafactor = make_optimizer(layer, lr=1e-2, weight_decay=0.0, name="adafactor")
+    with pytest.raises(ValueError, match="run one step first"):
+        od.step_peak_mb(adafactor, [layer.weight])
+    od.one_step(adafactor, [layer.weight])
+    state_mib = sum(od.state_bytes(adafactor).values()) / 2**20
+    peak = od.step_peak_mb(adafactor, [layer.weight])
+    assert peak >= 256 * 256 * 4 / 2**20 > 10 * state_mib  # a full n x m fp32 temporary, state n + m
+    assert layer.weight.grad is None  # the gradients it set are gone again

@@ -8,7 +8,8 @@
 * training: the same short fine-tune with each optimizer is the course loop's
   ``TrainConfig(optimizer=...)`` (``training.make_optimizer``); nothing of it lives here.
 * accounting: bytes per parameter of mixed-precision training, ZeRO's way (Rajbhandari et al. 2020):
-  fp16 weights 2 + fp16 gradients 2 + fp32 master weights 4 + the optimizer's state.
+  fp16 weights 2 + fp16 gradients 2 + fp32 master weights 4 + the optimizer's state, or with any
+  other measured base (the course's autocast: fp32 weights 4 + fp32 gradients 4).
 * Trainer: the optimizer class and arguments a ``TrainingArguments(optim=...)`` name resolves to.
 * step size per kind of parameter: the RMS of one step's change of weight matrices, LayerNorm gains
   and biases (Adafactor's step is relative to each tensor's RMS, AdamW's is not);
@@ -29,7 +30,9 @@ from course_lib.instruments.timing import time_fn
 from course_lib.training.optim import OPTIMIZERS, import_bitsandbytes, make_optimizer
 
 MIN_8BIT_SIZE = 4096  # bitsandbytes' default min_8bit_size: smaller tensors keep 32-bit state
-# Mixed-precision training as ZeRO counts it: bytes per parameter besides the optimizer's state.
+# Mixed-precision training as ZeRO counts it (fp16 weights and gradients, an fp32 master copy): bytes
+# per parameter besides the optimizer's state. torch.autocast keeps fp32 weights and fp32 gradients
+# instead (no master copy): measure those with instruments.memory.model_state_bytes.
 ZERO_BASE = {"weights (fp16)": 2, "gradients (fp16)": 2, "master weights (fp32)": 4}
 
 
