@@ -5,4 +5,5 @@ timing      step time: synchronised wall-clock laps (``Stopwatch``), a repeated 
 throughput  matmul GFLOP/s (the machine's peak), model FLOPs per token, tokens/s and MFU, per process
 probe       ``StepProbe``: step time and peak memory of any loop (PyTorch, Accelerator, Trainer)
 memory      peak tensor memory of a step (CUDA allocator, CPU profiler); bytes saved for backward; optimizer state; model states
+comm        collectives one rank sends (all-reduce, all-gather, reduce-scatter, broadcast): calls, bytes, ring traffic
 """

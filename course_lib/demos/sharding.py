@@ -1,0 +1,222 @@
+"""The sharding lesson's demonstrations: the same fine-tune under DDP, ZeRO-1 and FSDP on real ranks.
+
+* ``ShardDemo`` + ``shard_worker``: on every rank of ``course_lib.distributed.launch`` (gloo on CPU),
+  the same short AdamW fine-tune from the same start on the same data, once per strategy:
+  ``ddp`` (``DistributedDataParallel``: everything replicated), ``zero1``
+  (``torch.distributed.optim.ZeroRedundancyOptimizer``: each rank keeps the AdamW state of its share
+  of the parameters), ``fsdp_no_reshard`` and ``fsdp`` (FSDP2's ``fully_shard`` per transformer block
+  and on the model, with ``reshard_after_forward=False`` and ``True``: gradients and parameters sharded
+  too; without resharding the gathered parameters stay from forward to backward, so the step sends
+  what ZeRO-2 sends, but between steps only shards are held, as in ZeRO-3). Per
+  rank: the bytes of parameters, gradients and optimizer state held (local shards), the collectives
+  counted (``instruments.comm``), the peak of one step (``TensorPeak``) and the final full parameters.
+* ``bytes_rows`` / ``comm_rows`` / ``agreement``: the tables and the check against DDP the lesson prints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import torch
+import torch.distributed as dist
+
+from course_lib.devices import to_device
+from course_lib.distributed import disable_dropout, rank_device, shard_indices
+from course_lib.instruments.comm import KINDS, CollectiveLog, counting_collectives
+from course_lib.instruments.memory import TensorPeak, optimizer_state_bytes
+
+STRATEGIES = ("ddp", "zero1", "fsdp_no_reshard", "fsdp")
+# memory_model's stage of what each holds between steps (FSDP keeps shards at rest either way)
+STAGE = {"ddp": "ddp", "zero1": "zero1", "fsdp_no_reshard": "zero3", "fsdp": "zero3"}
+
+
+@dataclass
+class ShardDemo:
+    """Each strategy from the same start on the same batches: ``steps`` of ``batch_size`` rows per rank."""
+
+    strategies: tuple[str, ...] = STRATEGIES
+    steps: int = 3
+    batch_size: int = 8
+    lr: float = 1e-3
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        unknown = [s for s in self.strategies if s not in STRATEGIES]
+        if unknown:
+            raise ValueError(f"Unknown strategies {unknown}: use some of {', '.join(STRATEGIES)}.")
+        if self.steps < 1 or self.batch_size < 1 or self.lr <= 0:
+            raise ValueError("steps and batch_size must be >= 1 and lr > 0.")
+
+
+def rank_batches(demo: ShardDemo, world_size: int) -> list[list[dict]]:
+    """Each rank's micro-batches (its shard of the embedded training split), built once in the caller.
+
+    Tokenised here rather than in every rank, so the spawned ranks need not import ``datasets``.
+    """
+    from course_lib import data, models
+
+    tokenizer = models.load_tokenizer()
+    collate = data.make_collator(tokenizer)
+    rows = demo.steps * demo.batch_size * world_size
+    train = data.tokenize_dataset(data.load_mrpc()["train"].select(range(rows)), tokenizer)
+    size, out = demo.batch_size, []
+    for rank in range(world_size):
+        mine = shard_indices(rows, world_size, rank, shuffle=True, seed=demo.seed)
+        out.append([collate([train[i] for i in mine[s * size : (s + 1) * size]]) for s in range(demo.steps)])
+    return out
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's shard on this rank (FSDP2), or the tensor itself."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _nbytes(tensors) -> int:
+    return sum(_local(t).numel() * _local(t).element_size() for t in tensors)
+
+
+def _wrap(strategy: str, model: torch.nn.Module, lr: float):
+    """The model and optimizer of one strategy (AdamW, no weight decay, the for-loop implementation)."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    from torch.nn.parallel import DistributedDataParallel
+
+    adamw = {"lr": lr, "weight_decay": 0.0, "foreach": False}
+    if strategy in ("ddp", "zero1"):
+        ddp = DistributedDataParallel(model)
+        ddp.register_comm_hook(None, allreduce_hook)  # the same all-reduce, through Python: counted
+        if strategy == "ddp":
+            return ddp, torch.optim.AdamW(ddp.parameters(), **adamw)
+        return ddp, ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.AdamW, **adamw)
+    reshard = strategy == "fsdp"  # fsdp_no_reshard: keep the gathered parameters until backward
+    for block in model.distilbert.transformer.layer:
+        fully_shard(block, reshard_after_forward=reshard)
+    fully_shard(model, reshard_after_forward=reshard)
+    return model, torch.optim.AdamW(model.parameters(), **adamw)
+
+
+def _state_holder(optimizer):
+    """What ``optimizer_state_bytes`` reads (``.state``), with DTensor states as this rank's shards."""
+    inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer: the rank's local optimizer
+    state = {
+        p: {k: _local(v) if isinstance(v, torch.Tensor) else v for k, v in s.items()}
+        for p, s in inner.state.items()
+    }
+    return SimpleNamespace(state=state)
+
+
+def _full_params(model: torch.nn.Module) -> torch.Tensor:
+    """All parameters as one fp32 vector (FSDP2's shards gathered with ``full_tensor``)."""
+    return torch.cat(
+        [
+            (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().float().flatten()
+            for p in model.parameters()
+        ]
+    )
+
+
+def _run(strategy: str, demo: ShardDemo, batches: Sequence[dict], world_size: int) -> dict:
+    from course_lib.models import load_model
+
+    torch.manual_seed(demo.seed)
+    model = disable_dropout(load_model())  # dropout off: every strategy computes the same function
+    model, optimizer = _wrap(strategy, model, demo.lr)
+    model.train()
+    log, grads, peak_mb = CollectiveLog(), 0, float("nan")
+    for step, batch in enumerate(batches):
+        if step == 1:
+            peak = TensorPeak("cpu")
+            peak.start()
+        with counting_collectives(log):
+            loss = model(**batch).loss
+            loss.backward()
+            grads = _nbytes(p.grad for p in model.parameters() if p.grad is not None)
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if step == 1:
+            peak_mb = peak.stop()
+    state = optimizer_state_bytes(_state_holder(optimizer))
+    return {
+        "strategy": strategy,
+        "params": _nbytes(model.parameters()),
+        "grads": grads,
+        "state": state,
+        "peak_mb": peak_mb,
+        "calls": {k: log.calls[k] / len(batches) for k in KINDS},
+        "bytes": {k: log.bytes[k] / len(batches) for k in KINDS},
+        "ring": log.ring_bytes(world_size) / len(batches),
+        "final": _full_params(model),
+        "loss": loss.item(),
+    }
+
+
+def shard_worker(rank: int, world_size: int, demo: ShardDemo, batches: Sequence[Sequence[dict]]) -> dict:
+    """One rank of the lesson's launch: every strategy of ``demo`` in turn, on ``batches[rank]``."""
+    device = rank_device(rank)
+    if device.type != "cpu":
+        raise RuntimeError("The sharding demo runs on CPU ranks (gloo); on GPUs use accelerate launch.")
+    if len(batches) != world_size:
+        raise ValueError(
+            f"batches has {len(batches)} ranks' shares for {world_size} ranks: use rank_batches."
+        )
+    batches = [to_device(b, device) for b in batches[rank]]
+    runs = [_run(s, demo, batches, world_size) for s in demo.strategies]
+    return {"rank": rank, "backend": dist.get_backend(), "runs": runs}
+
+
+def bytes_rows(results: Sequence[dict]) -> list[dict]:
+    """Per strategy and rank: parameter, gradient and optimizer-state bytes held (measured)."""
+    rows = []
+    for res in results:
+        for run in res["runs"]:
+            total = run["params"] + run["grads"] + run["state"]
+            rows.append(
+                {
+                    "strategy": run["strategy"],
+                    "rank": res["rank"],
+                    "params": run["params"],
+                    "grads": run["grads"],
+                    "optimizer state": run["state"],
+                    "total": total,
+                }
+            )
+    return rows
+
+
+def comm_rows(results: Sequence[dict]) -> list[dict]:
+    """Per strategy (rank 0): collectives per step, their calls and payload bytes, and the ring traffic."""
+    rows = []
+    for run in results[0]["runs"]:
+        row = {"strategy": run["strategy"]}
+        for kind in KINDS:
+            row[f"{kind} calls"] = int(run["calls"][kind])
+            row[f"{kind} bytes"] = int(run["bytes"][kind])
+        row["ring bytes/rank"] = int(run["ring"])
+        rows.append(row)
+    return rows
+
+
+def agreement(results: Sequence[dict], atol: float = 1e-5) -> dict[str, bool]:
+    """Whether each strategy's final parameters equal DDP's (max |difference| <= ``atol``) on every rank."""
+    out = {}
+    for res in results:
+        runs = {run["strategy"]: run["final"] for run in res["runs"]}
+        if "ddp" not in runs:
+            raise ValueError("agreement needs the 'ddp' strategy as the reference.")
+        for name, final in runs.items():
+            ok = (final - runs["ddp"]).abs().max().item() <= atol
+            out[name] = out.get(name, True) and ok
+    return out
+
+
+def max_difference(results: Sequence[dict]) -> dict[str, float]:
+    """Largest |parameter - DDP's parameter| per strategy over all ranks."""
+    out: dict[str, float] = {}
+    for res in results:
+        runs = {run["strategy"]: run["final"] for run in res["runs"]}
+        for name, final in runs.items():
+            out[name] = max(out.get(name, 0.0), (final - runs["ddp"]).abs().max().item())
+    return out
