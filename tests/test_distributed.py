@@ -221,3 +221,100 @@ def test_gradient_accumulation_under_ddp_skips_sync_and_equals_one_big_batch(ran
         assert r["accum"]["allreduce_calls"] == r["step"]["allreduce_calls"] >= 1
     assert torch.equal(ranks[0]["accum"]["params"], ranks[1]["accum"]["params"])
     torch.testing.assert_close(ranks[0]["accum"]["params"], reference, rtol=1e-4, atol=1e-5)
+
+
+# --- Trainer on two processes ----------------------------------------------------------------
+
+TRAINER_ROWS, TRAINER_STEPS = 16, 2  # 2 optimizer steps of a global batch of 8 rows (2 x 4 on two ranks)
+
+
+def _trainer_run(world_size: int, steps: int, fix: bool) -> dict:
+    """``steps`` Trainer steps on the first rows: SGD, constant lr, no clipping, no accumulation, dropout off."""
+    import tempfile
+
+    from transformers import Trainer, TrainingArguments
+
+    split = data.load_mrpc("embedded")["train"].select(range(TRAINER_ROWS))
+    tokenizer = models.load_tokenizer("embedded")
+    model = _model(seed=0)
+    start = D.flat_params(model)
+    with tempfile.TemporaryDirectory() as out:
+        args = TrainingArguments(
+            output_dir=out,
+            per_device_train_batch_size=TRAINER_ROWS // TRAINER_STEPS // world_size,
+            max_steps=steps,
+            learning_rate=LR,
+            optim="sgd",
+            lr_scheduler_type="constant",
+            max_grad_norm=0.0,  # no clipping
+            weight_decay=0.0,
+            train_sampling_strategy="sequential",  # the same rows in the same order in both runs
+            use_cpu=True,
+            report_to="none",
+            save_strategy="no",
+            logging_strategy="no",
+            disable_tqdm=True,
+        )
+        trainer = Trainer(
+            model=model,
+            args=args,
+            train_dataset=data.tokenize_dataset(split, tokenizer),
+            data_collator=data.make_collator(tokenizer),
+        )
+        accepts = trainer.model_accepts_loss_kwargs
+        if fix:  # the model averages its own loss and ignores num_items_in_batch: do not rescale it
+            trainer.model_accepts_loss_kwargs = False
+        trainer.train()
+    return {
+        "start": start,
+        "params": D.flat_params(model),
+        "accepts_loss_kwargs": accepts,
+        "processes": trainer.accelerator.num_processes,
+    }
+
+
+def _trainer_worker(rank: int, world_size: int) -> dict:
+    """Each rank: one Trainer step as configured by default, then TRAINER_STEPS steps with the fix."""
+    return {
+        "default_1": _trainer_run(world_size, 1, fix=False),
+        "fixed": _trainer_run(world_size, TRAINER_STEPS, fix=True),
+    }
+
+
+def _trainer_reference_worker(rank: int, world_size: int) -> dict:
+    """The same in one process (its own launch: Accelerate's state stays out of the test process)."""
+    return {
+        "default_1": _trainer_run(world_size, 1, fix=False),
+        "steps": _trainer_run(world_size, TRAINER_STEPS, fix=False),
+    }
+
+
+@pytest.fixture(scope="module")
+def trainer_runs():
+    return {
+        "two": D.launch(_trainer_worker, world_size=2, backend="gloo"),
+        "one": D.launch(_trainer_reference_worker, world_size=1, backend="gloo")[0],
+    }
+
+
+@pytest.mark.slow  # three real processes
+def test_two_process_trainer_equals_one_process_on_the_global_batch_once_it_stops_rescaling_the_loss(
+    trainer_runs,
+):
+    two, one = trainer_runs["two"], trainer_runs["one"]
+    assert [r["fixed"]["processes"] for r in two] == [2, 2] and one["steps"]["processes"] == 1
+    assert torch.equal(two[0]["fixed"]["params"], two[1]["fixed"]["params"])
+    assert not torch.equal(one["steps"]["params"], one["steps"]["start"])  # the steps did train
+    # Padding differs between batches of 4 and of 8 rows; masked positions do not change the result.
+    torch.testing.assert_close(two[0]["fixed"]["params"], one["steps"]["params"], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.slow  # three real processes
+def test_two_process_trainer_doubles_distilberts_update_by_default(trainer_runs):
+    """transformers 5.24: DistilBERT's forward takes **kwargs, so Trainer multiplies the loss by the number
+    of processes (average_tokens_across_devices) for a model that would divide by the global token count;
+    DistilBERT returns its local mean, and DDP's average then gives twice the gradient."""
+    two, one = trainer_runs["two"][0]["default_1"], trainer_runs["one"]["default_1"]
+    assert two["accepts_loss_kwargs"] and one["accepts_loss_kwargs"]
+    ratio = (two["params"] - two["start"]).norm() / (one["params"] - one["start"]).norm()
+    assert abs(ratio.item() - 2.0) < 1e-3, ratio  # SGD, one step: the update is proportional to the gradient
