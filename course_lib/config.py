@@ -4,7 +4,9 @@
                     Face hub id such as ``distilbert-base-uncased``, or a local checkpoint folder.
 ``COURSE_DATASET``  ``embedded`` (default: the course's MRPC-shaped paraphrase data) or ``hub``
                     (``nyu-mll/glue``, config ``mrpc``).
-Both hub choices need internet the first time (the files are cached afterwards).
+``COURSE_IMAGE_DATASET`` / ``COURSE_AUDIO_DATASET``  ``embedded`` (default: lesson 01b's generated shapes
+                    and keyword clips) or ``hub`` (``HUB_IMAGE_DATASET`` / ``HUB_AUDIO_DATASET``).
+Every hub choice needs internet the first time (the files are cached afterwards).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from dataclasses import dataclass
 
 EMBEDDED = "embedded"
 HUB_DATASET = ("nyu-mll/glue", "mrpc")
+HUB_IMAGE_DATASET = ("AI-Lab-Makerere/beans", None)  # leaf photos, 3 classes, column "labels"
+HUB_AUDIO_DATASET = ("google/speech_commands", "v0.02")  # 1 s voice commands at 16 kHz; needs torchcodec
 
 
 @dataclass(frozen=True)
@@ -34,3 +38,24 @@ def sources() -> Sources:
         )
     model = os.environ.get("COURSE_MODEL", EMBEDDED).strip() or EMBEDDED
     return Sources(model=model, dataset=dataset)
+
+
+@dataclass(frozen=True)
+class MediaSources:
+    """Where lesson 01b's image and audio datasets come from."""
+
+    image: str = EMBEDDED
+    audio: str = EMBEDDED
+
+
+def media_sources() -> MediaSources:
+    """Read ``COURSE_IMAGE_DATASET`` / ``COURSE_AUDIO_DATASET`` (default: both embedded)."""
+    chosen = {}
+    for field, switch in (("image", "COURSE_IMAGE_DATASET"), ("audio", "COURSE_AUDIO_DATASET")):
+        value = os.environ.get(switch, EMBEDDED).strip() or EMBEDDED
+        if value not in (EMBEDDED, "hub"):
+            raise ValueError(
+                f"{switch}={value!r} is not understood: use 'embedded' (offline default) or 'hub'."
+            )
+        chosen[field] = value
+    return MediaSources(**chosen)

@@ -7,4 +7,5 @@ nbtools       execute lessons in place, strip metadata, detect stale outputs, re
 freshness     what a lesson's outputs depend on (its course_lib modules, pinned libraries); explained stderr
 sections      generated sections of the docs: one writer each, rendered from a record, drift checks
 build_assets  rebuild the embedded pretrained checkpoint (about 17 minutes on 2 CPU cores)
+build_media_assets  build lesson 01b's tiny ViT and wav2vec2 checkpoints (random weights, seconds)
 """
