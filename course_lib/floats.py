@@ -233,12 +233,12 @@ def rounding(x: float, fmt: str | torch.dtype) -> Rounding:
     )
 
 
-_STATUS_TEXT = {
-    "zero": "zero",
-    "normal": "ok (normal)",
-    "subnormal": "subnormal: precision lost",
-    "underflow": "UNDERFLOW -> 0",
-    "overflow": "OVERFLOW -> inf",
+_STATUS_TEXT = {  # Japanese for the lesson; UNDERFLOW / OVERFLOW stay the words a reader scans for
+    "zero": "ゼロ",
+    "normal": "OK（正規化数）",
+    "subnormal": "非正規化数: 精度が落ちる",
+    "underflow": "UNDERFLOW → 0（アンダーフロー）",
+    "overflow": "OVERFLOW → inf（オーバーフロー）",
     "inf": "inf",
     "nan": "nan",
 }
