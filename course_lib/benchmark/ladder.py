@@ -128,7 +128,6 @@ def _throughput_summary(runs: list[dict]) -> dict[str, Any]:
     eps = [r["examples_per_s"] for r in runs]
     return {
         "examples_per_s": eps,
-        "examples_per_sspread": spread(eps),
         "tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs),
         "real_tokens_per_s": statistics.median(r["real_tokens_per_s"] for r in runs),
     }

@@ -215,7 +215,7 @@ def markdown_table(record: dict[str, Any]) -> str:
             r["rung"],
             r["label"],
             status,
-            _range(r.get("examples_per_s_spread"), ",.1f"),
+            _range(spread(r["examples_per_s"]) if r.get("examples_per_s") else None, ",.1f"),
             _range(r.get("throughput_ratio"), ".2f", "x"),
             examples,
             _range(r.get("gain"), ".2f", "x"),
