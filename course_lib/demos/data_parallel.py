@@ -2,11 +2,15 @@
 
 Each worker runs on every rank of ``course_lib.distributed.launch`` and returns what the rank holds
 at each stage, so the notebook can show it. They live in a module (not in the notebook) because
-spawned processes can only run importable functions.
+spawned processes can only run importable functions. ``sharding_worker`` reads a shard;
+``ddp_step_worker`` takes one DDP step by hand; ``accelerate_worker`` does the same replication with
+``accelerator.prepare(model)`` and evaluates with ``gather`` and ``gather_for_metrics``;
+``step_and_eval_worker`` runs the last two in one launch (one process start instead of two).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -133,6 +137,104 @@ def ddp_step_worker(rank: int, world_size: int, demo: StepDemo) -> dict:
         "same_params_all_ranks": same_on_all_ranks(params_after),
         "slices": {k: (s.start, s.stop) for k, s in param_slices(model).items()},
     }
+
+
+@dataclass
+class EvalDemo:
+    """Evaluation on the first ``rows`` validation rows, ``batch_size`` rows per process and batch.
+
+    Choose ``rows`` so that it does not fill the last round of batches evenly: Accelerate then pads the
+    last batch with rows from the start, and ``gather`` returns those duplicates.
+    """
+
+    rows: int = 13
+    batch_size: int = 4
+    seed: int = 0
+    model: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.rows < 1 or self.batch_size < 1:
+            raise ValueError(f"rows and batch_size must be >= 1, got {self.rows} and {self.batch_size}.")
+
+
+def eval_loader(demo: EvalDemo):
+    """A plain DataLoader over the first ``demo.rows`` validation rows, in order (not yet prepared)."""
+    from torch.utils.data import DataLoader
+
+    from course_lib import data, models
+
+    tokenizer = models.load_tokenizer(demo.model)
+    split = data.load_mrpc()["validation"].select(range(demo.rows))
+    tokenized = data.tokenize_dataset(split, tokenizer)
+    return DataLoader(tokenized, batch_size=demo.batch_size, collate_fn=data.make_collator(tokenizer))
+
+
+def gather_predictions(model, loader, accelerator) -> dict[str, torch.Tensor]:
+    """Every process's predictions and labels, with ``gather`` and with ``gather_for_metrics``."""
+    model.eval()  # dropout off
+    gathered, for_metrics = [], []
+    with torch.no_grad():  # no graph: evaluation needs no gradients
+        for batch in loader:
+            preds = model(**batch).logits.argmax(dim=-1)
+            gathered.append(accelerator.gather((preds, batch["labels"])))  # keeps the padding rows
+            for_metrics.append(accelerator.gather_for_metrics((preds, batch["labels"])))  # drops them
+    model.train()
+    return {
+        "gather_preds": torch.cat([p for p, _ in gathered]).cpu(),
+        "gather_labels": torch.cat([y for _, y in gathered]).cpu(),
+        "metrics_preds": torch.cat([p for p, _ in for_metrics]).cpu(),
+        "metrics_labels": torch.cat([y for _, y in for_metrics]).cpu(),
+    }
+
+
+def accelerate_worker(rank: int, world_size: int, demo: EvalDemo) -> dict:
+    """The slide's ``model = accelerator.prepare(model)`` on this rank, then an evaluation with gathering."""
+    from accelerate import Accelerator
+
+    from course_lib import models
+
+    # Accelerate resets the thread count of CPU processes unless OMP_NUM_THREADS says it: keep the launch's.
+    os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
+    accelerator = Accelerator(cpu=rank_device(rank).type == "cpu")  # joins the launch's process group
+    torch.manual_seed(demo.seed + rank)  # a different classifier head on each rank, on purpose
+    model = models.load_model(demo.model)
+    own_init, type_before = flat_params(model), type(model).__name__
+    model = accelerator.prepare(model)  # the slide's form
+    loader = accelerator.prepare(eval_loader(demo))
+    return {
+        "rank": rank,
+        "distributed_type": str(accelerator.distributed_type),
+        "type_before": type_before,
+        "type_after": type(model).__name__,
+        "device": str(accelerator.device),
+        "params_own_init": own_init,
+        "params_start": flat_params(model),
+        "same_params_all_ranks": same_on_all_ranks(flat_params(model)),
+        "rows_read": [list(rows) for rows in loader.batch_sampler],  # this rank's batches, padding included
+        **gather_predictions(model, loader, accelerator),
+    }
+
+
+def step_and_eval_worker(rank: int, world_size: int, step: StepDemo, evaluation: EvalDemo) -> dict:
+    """``ddp_step_worker`` then ``accelerate_worker`` in the same process (one launch for both)."""
+    return {
+        "step": ddp_step_worker(rank, world_size, step),
+        "eval": accelerate_worker(rank, world_size, evaluation),
+    }
+
+
+def single_process_predictions(demo: EvalDemo) -> dict[str, torch.Tensor]:
+    """The reference: one process, rank 0's initial weights, every row once, in order."""
+    from course_lib import models
+
+    torch.manual_seed(demo.seed)  # rank 0's seed: prepare (DDP) copies rank 0's weights to every rank
+    model = models.load_model(demo.model).eval()
+    preds, labels = [], []
+    with torch.no_grad():
+        for batch in eval_loader(demo):
+            preds.append(model(**batch).logits.argmax(dim=-1))
+            labels.append(batch["labels"])
+    return {"preds": torch.cat(preds), "labels": torch.cat(labels)}
 
 
 def single_process_step(demo: StepDemo) -> dict:
