@@ -259,7 +259,7 @@ def _smooth_at_least(n: int) -> int:
         n += 1
 
 
-def prepare_audio(batch, feature_extractor, max_seconds: float = MAX_SECONDS) -> dict[str, list]:
+def prepare_audio(batch, feature_extractor, max_seconds: float = MAX_SECONDS) -> dict:
     """For ``Dataset.map(batched=True)``: resample to the extractor's rate, pad/truncate, normalise.
 
     Returns ``input_values`` and ``attention_mask`` (1 = real sample, 0 = padding), ``labels``.
@@ -274,10 +274,10 @@ def prepare_audio(batch, feature_extractor, max_seconds: float = MAX_SECONDS) ->
         truncation=True,
         return_attention_mask=True,
     )
-    return {
-        "input_values": out["input_values"],
-        "attention_mask": out["attention_mask"],
-        "labels": batch["label"],
+    return {  # one (B, samples) array each: handed to Arrow in one piece, not as Python floats
+        "input_values": np.asarray(out["input_values"], dtype=np.float32),
+        "attention_mask": np.asarray(out["attention_mask"], dtype=np.int64),
+        "labels": list(batch["label"]),
     }
 
 
@@ -304,8 +304,16 @@ def load_media_model(kind: str, path: str | Path | None = None):
     classes = {"image": AutoModelForImageClassification, "audio": AutoModelForAudioClassification}
     if kind not in classes:
         raise ValueError(f"kind must be 'image' or 'audio', got {kind!r}.")
+    from transformers.utils import logging as hf_logging
+
     folder = Path(path) if path is not None else (IMAGE_MODEL_DIR if kind == "image" else AUDIO_MODEL_DIR)
-    return classes[kind].from_pretrained(check_media_dir(folder), dtype=torch.float32)
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # a "Loading weights" bar on stderr for a load that takes a blink
+    try:
+        return classes[kind].from_pretrained(check_media_dir(folder), dtype=torch.float32)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
 def _load_hub(name_and_config: tuple[str, str | None], switch: str):
@@ -332,3 +340,43 @@ def _load_hub(name_and_config: tuple[str, str | None], switch: str):
 
         dataset = dataset.map(split_audio, batched=True)
     return dataset
+
+
+# -- pictures ----------------------------------------------------------------------------------
+
+
+def plot_image_pair(image, pixel_values, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5)):
+    """An original PIL image beside the processor's ``pixel_values`` (3, H, W), shown un-normalised."""
+    import matplotlib.pyplot as plt
+
+    shown = np.asarray(pixel_values, dtype=np.float64).transpose(1, 2, 0) * np.asarray(std) + np.asarray(mean)
+    fig, axes = plt.subplots(1, 2, figsize=(6.0, 3.0), layout="constrained")
+    axes[0].imshow(image)
+    axes[0].set_title(f"original {image.width}x{image.height}")
+    axes[1].imshow(np.clip(shown, 0.0, 1.0))
+    axes[1].set_title(f"pixel_values {shown.shape[1]}x{shown.shape[0]} (x std + mean)")
+    return fig
+
+
+def plot_waveforms(before, before_rate: int, after, after_rate: int, mask=None):
+    """A clip at its own rate above the model's input (resampled, padded or truncated, normalised)."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 1, figsize=(7.0, 4.0), layout="constrained", sharex=True)
+    axes[0].plot(np.arange(len(before)) / before_rate, before, lw=0.5)
+    axes[0].set_title(f"before: {len(before):,} samples at {before_rate:,} Hz")
+    axes[1].plot(np.arange(len(after)) / after_rate, after, lw=0.5)
+    if mask is not None:
+        axes[1].fill_between(
+            np.arange(len(mask)) / after_rate,
+            0,
+            1,
+            where=np.asarray(mask) == 0,
+            transform=axes[1].get_xaxis_transform(),
+            alpha=0.2,
+            label="attention_mask = 0",
+        )
+        axes[1].legend(loc="upper right")
+    axes[1].set_title(f"after: input_values, {len(after):,} samples at {after_rate:,} Hz")
+    axes[1].set_xlabel("seconds")
+    return fig

@@ -13,7 +13,15 @@ LESSONS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 
 def test_lessons_are_numbered_in_order_from_00():
-    assert [p.name[:3] for p in LESSONS] == [f"{i:02d}_" for i in range(len(LESSONS))]
+    # NN_ lessons count up from 00; an inserted lesson NNb_ (NNc_, ...) follows NN_ directly.
+    main = [p.name[:3] for p in LESSONS if re.match(r"\d\d_", p.name)]
+    assert main == [f"{i:02d}_" for i in range(len(main))]
+    assert all(re.match(r"\d\d[b-z]?_", p.name) for p in LESSONS), "lesson names start NN_ or NNb_"
+    names = [p.name[: p.name.index("_") + 1] for p in LESSONS]
+    for i, name in enumerate(names):
+        if len(name) == 4:  # NNx_: right after NN_ (x = b) or NN(x-1)_
+            before = name[:2] + ("" if name[2] == "b" else chr(ord(name[2]) - 1)) + "_"
+            assert i > 0 and names[i - 1] == before, f"{name} must follow {before}"
     assert len(LESSONS) >= 4, "the four lessons of the slides come first"
 
 
