@@ -52,6 +52,7 @@ SLOW_PATHS = (
     "notebooks/05",
     "notebooks/06",
     "notebooks/07",
+    "notebooks/08",
     "solutions/",
     "tests/test_grading.py",  # until its slow tests are decorated
     "tests/test_recipe.py::test_quick_ladder",  # until decorated

@@ -7,7 +7,10 @@ bytes of the weights, the gradients, the optimizer state, the tensors autograd s
 ``per_rank`` divides them as DDP, ZeRO-1, ZeRO-2 and ZeRO-3 / FSDP do over N ranks.
 
 Measurement: ``measure`` runs steps of a real model and reads the course's instruments only
-(``SavedTensors``, ``optimizer_state_bytes``, ``TensorPeak``); ``compare`` puts both side by side.
+(``SavedTensors``, ``model_state_bytes`` with ``optimizer_state_bytes``, ``TensorPeak``); ``compare`` puts both side by side.
+
+It has more than 400 lines because the prediction and the measurement it is checked against belong
+in one place: a learner reads each predicted tensor beside the instrument that counts it (lesson 08).
 """
 
 from __future__ import annotations
@@ -17,16 +20,16 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from course_lib.instruments.memory import SavedTensors, TensorPeak, optimizer_state_bytes
+from course_lib.instruments.memory import SavedTensors, TensorPeak, model_state_bytes
 
 PARTS = ("weights", "gradients", "optimizer state", "saved for backward", "step peak")
 OPTIMIZERS = ("adamw", "adafactor", "adamw8bit")
 PRECISIONS = ("no", "bf16", "fp16")
 STAGES = ("ddp", "zero1", "zero2", "zero3")
+ATTENTION = ("sdpa", "eager", "flash")  # flash: derived from the kernel's design, not measured on a CPU
 MIN_8BIT_SIZE = 4096  # bitsandbytes' min_8bit_size: smaller tensors keep fp32 state
 BLOCKSIZE_8BIT = 256  # bitsandbytes' block-wise quantisation: one fp32 absmax per 256 elements
 QMAP_BYTES = 2 * 256 * 4  # two shared quantisation maps (signed, unsigned) of 256 fp32 values each
-GIB = 2**30
 ADAMW8BIT_STEP_BYTES_PER_ELEM = 20  # five fp32 working buffers per element (``single_layer_step_peak``)
 
 
@@ -41,7 +44,7 @@ class Arch:
     n_heads: int
     max_position_embeddings: int = 512
     num_labels: int = 2
-    attention: str = "sdpa"  # "sdpa" | "eager"
+    attention: str = "sdpa"  # "sdpa" (CPU math kernel) | "eager" | "flash" (GPU fused kernel)
     attention_dropout: float = 0.1
 
     @classmethod
@@ -145,8 +148,8 @@ def saved_tensors(arch: Arch, setup: Setup) -> list[dict]:
     saved as they are (fp32 training): counted by ``SavedTensors``, but they take no new memory.
     Batches without padding (attention mask of ones, which transformers drops) are assumed.
     """
-    if arch.attention not in ("sdpa", "eager"):
-        raise ValueError(f"attention must be 'sdpa' or 'eager', got {arch.attention!r}.")
+    if arch.attention not in ATTENTION:
+        raise ValueError(f"attention must be one of {', '.join(ATTENTION)}, got {arch.attention!r}.")
     if arch.attention == "sdpa" and arch.attention_dropout == 0:
         raise ValueError("SDPA without dropout runs a fused kernel that saves other tensors: not modelled.")
     b, t, d, f, L = setup.batch, setup.batch * setup.seq_len, arch.dim, arch.hidden_dim, arch.n_layers
@@ -166,7 +169,14 @@ def saved_tensors(arch: Arch, setup: Setup) -> list[dict]:
     else:
         # Autocast casts the input once per matmul: q, k and v each get their own 16-bit copy.
         rows.append(("layers", "q/k/v projection input", t * d, e, L * (3 if amp else 1), False))
-        if arch.attention == "sdpa":  # CPU math kernel (dropout > 0): computes in fp32 even for 16-bit inputs
+        if (
+            arch.attention == "flash"
+        ):  # a fused GPU kernel (FlashAttention): no score matrix; not measured here
+            rows.append(("attention", "q, k, v, output", 4 * t * d, e, L, False))
+            rows.append(("attention", "log-sum-exp per row", b * arch.n_heads * setup.seq_len, 4, L, False))
+        elif (
+            arch.attention == "sdpa"
+        ):  # CPU math kernel (dropout > 0): computes in fp32 even for 16-bit inputs
             rows.append(("attention", "q, k (scaled), v (fp32)", 3 * t * d, 4, L, False))
             rows.append(("attention", "probs, dropout mask, dropped probs", 3 * s, 4, L, False))
         else:
@@ -322,14 +332,10 @@ AUTOCAST_ADAMW = bytes_per_param(4, 4, 0, 8)  # the course's autocast: fp32 weig
 # ---------------------------------------------------------------- measurement
 
 
-def _tensor_bytes(tensors) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)
-
-
 def measure(model: torch.nn.Module, batch: dict, setup: Setup, lr: float = 1e-4) -> dict[str, float]:
     """Measured bytes of each part (``PARTS``) on the model's device: two steps, the second measured.
 
-    Gradients and optimizer state after the first step (``optimizer_state_bytes``), what autograd saves
+    Weights, gradients and optimizer state after the first step (``model_state_bytes``), what autograd saves
     in the second forward (``SavedTensors``) and the second step's peak (``TensorPeak``, gradients freed
     before it). The model is trained in place.
     """
@@ -345,10 +351,9 @@ def measure(model: torch.nn.Module, batch: dict, setup: Setup, lr: float = 1e-4)
     with amp.autocast():
         loss = model(**batch).loss
     loss.backward()
-    grads = _tensor_bytes(p.grad for p in model.parameters() if p.grad is not None)
     optimizer.step()
+    states = model_state_bytes(model, optimizer)  # weights, gradients (.grad) and optimizer.state
     optimizer.zero_grad(set_to_none=True)
-    state = optimizer_state_bytes(optimizer)
 
     peak = TensorPeak(device)
     peak.start()
@@ -360,9 +365,7 @@ def measure(model: torch.nn.Module, batch: dict, setup: Setup, lr: float = 1e-4)
     peak_bytes = peak.stop() * 2**20
     enable_checkpointing(model, False)
     return {
-        "weights": _tensor_bytes(model.parameters()),
-        "gradients": grads,
-        "optimizer state": state,
+        **states,
         "saved for backward": saved.bytes,
         "step peak": peak_bytes,
     }
@@ -379,6 +382,31 @@ def compare(predicted: dict[str, float], measured: dict[str, float]) -> list[dic
     return rows
 
 
-def setup_row(setup: Setup) -> dict:
-    """A setup as table columns."""
-    return asdict(setup)
+def token_batch(arch: Arch, batch: int, seq_len: int, device="cpu", seed: int = 0) -> dict:
+    """A batch of random token ids with no padding (the shapes the model assumes) and random labels."""
+    gen = torch.Generator().manual_seed(seed)
+    return {
+        "input_ids": torch.randint(5, arch.vocab_size, (batch, seq_len), generator=gen).to(device),
+        "attention_mask": torch.ones(batch, seq_len, dtype=torch.long, device=device),
+        "labels": torch.randint(0, arch.num_labels, (batch,), generator=gen).to(device),
+    }
+
+
+def check_grid(setups: list[Setup], device="cpu", seed: int = 0) -> list[dict]:
+    """Predicted against measured bytes of every part for each setup, on a fresh embedded model each time."""
+    from course_lib.models import load_model
+
+    rows = []
+    for setup in setups:
+        torch.manual_seed(seed)
+        model = load_model().to(device)
+        arch = Arch.from_config(model.config)
+        measured = measure(model, token_batch(arch, setup.batch, setup.seq_len, device, seed), setup)
+        for row in compare(predict(arch, setup), measured):
+            rows.append({**asdict(setup), **row})
+    return rows
+
+
+def worst_errors(rows: list[dict]) -> dict[str, float]:
+    """The largest relative error of each part over ``check_grid``'s rows."""
+    return {part: max(r["error"] for r in rows if r["part"] == part) for part in PARTS}

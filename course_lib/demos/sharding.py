@@ -9,7 +9,7 @@
   too; without resharding the gathered parameters stay from forward to backward, so the step sends
   what ZeRO-2 sends, but between steps only shards are held, as in ZeRO-3). Per
   rank: the bytes of parameters, gradients and optimizer state held (local shards), the collectives
-  counted (``instruments.comm``), the peak of one step (``TensorPeak``) and the final full parameters.
+  counted (``instruments.comm``) and the final full parameters.
 * ``bytes_rows`` / ``comm_rows`` / ``agreement``: the tables and the check against DDP the lesson prints.
 """
 
@@ -25,7 +25,7 @@ import torch.distributed as dist
 from course_lib.devices import to_device
 from course_lib.distributed import disable_dropout, rank_device, shard_indices
 from course_lib.instruments.comm import KINDS, CollectiveLog, counting_collectives
-from course_lib.instruments.memory import TensorPeak, optimizer_state_bytes
+from course_lib.instruments.memory import optimizer_state_bytes
 
 STRATEGIES = ("ddp", "zero1", "fsdp_no_reshard", "fsdp")
 # memory_model's stage of what each holds between steps (FSDP keeps shards at rest either way)
@@ -37,7 +37,7 @@ class ShardDemo:
     """Each strategy from the same start on the same batches: ``steps`` of ``batch_size`` rows per rank."""
 
     strategies: tuple[str, ...] = STRATEGIES
-    steps: int = 3
+    steps: int = 2
     batch_size: int = 8
     lr: float = 1e-3
     seed: int = 0
@@ -125,26 +125,20 @@ def _run(strategy: str, demo: ShardDemo, batches: Sequence[dict], world_size: in
     model = disable_dropout(load_model())  # dropout off: every strategy computes the same function
     model, optimizer = _wrap(strategy, model, demo.lr)
     model.train()
-    log, grads, peak_mb = CollectiveLog(), 0, float("nan")
-    for step, batch in enumerate(batches):
-        if step == 1:
-            peak = TensorPeak("cpu")
-            peak.start()
+    log, grads = CollectiveLog(), 0
+    for batch in batches:
         with counting_collectives(log):
             loss = model(**batch).loss
             loss.backward()
             grads = _nbytes(p.grad for p in model.parameters() if p.grad is not None)
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        if step == 1:
-            peak_mb = peak.stop()
     state = optimizer_state_bytes(_state_holder(optimizer))
     return {
         "strategy": strategy,
         "params": _nbytes(model.parameters()),
         "grads": grads,
         "state": state,
-        "peak_mb": peak_mb,
         "calls": {k: log.calls[k] / len(batches) for k in KINDS},
         "bytes": {k: log.bytes[k] / len(batches) for k in KINDS},
         "ring": log.ring_bytes(world_size) / len(batches),
