@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from course_lib import data
-from course_lib.benchmark import ladder, recipe, rungs
+from course_lib.benchmark import ladder_runs, recipe, rungs
 from course_lib.cli import recipe as recipe_cli
 from course_lib.cli import train as train_cli
 from course_lib.models import load_tokenizer
@@ -141,7 +141,7 @@ def test_config_rejects_what_would_break_the_comparison():
     ],
 )
 def test_decide_keeps_only_a_gain_above_the_spread(prev_eps, trial_eps, prev_ex, trial_ex, status):
-    decision = ladder.decide(prev_eps, trial_eps, prev_ex, trial_ex)
+    decision = ladder_runs.decide(prev_eps, trial_eps, prev_ex, trial_ex)
     assert decision["status"] == status, decision
     if status != "dropped" or None not in trial_ex:
         gain = decision["gain"]
@@ -150,14 +150,14 @@ def test_decide_keeps_only_a_gain_above_the_spread(prev_eps, trial_eps, prev_ex,
 
 def test_decide_counts_one_off_compilation_in_the_time_to_target():
     # 2x the examples per second, but 10 s of compilation against a 1.28 s run: slower.
-    decision = ladder.decide([100] * 3, [200] * 3, [128] * 3, [128] * 3, 0.0, 10.0)
+    decision = ladder_runs.decide([100] * 3, [200] * 3, [128] * 3, [128] * 3, 0.0, 10.0)
     assert decision["status"] == "dropped" and decision["gain"]["high"] < 1
-    decision = ladder.decide([1] * 3, [2] * 3, [128] * 3, [128] * 3, 0.0, 10.0)  # 128 s -> 74 s
+    decision = ladder_runs.decide([1] * 3, [2] * 3, [128] * 3, [128] * 3, 0.0, 10.0)  # 128 s -> 74 s
     assert decision["status"] == "kept"
 
 
 class Scripted:
-    """A stand-in for ``ladder.Measured``: throughputs and evaluations by the stack, written by hand."""
+    """A stand-in for ``ladder_runs.Measured``: throughputs and evaluations by the stack, written by hand."""
 
     eval_rows, train_rows, machine = 100, 256, "scripted machine"
 
@@ -385,7 +385,7 @@ def test_quick_ladder_evaluations_line_up_and_the_reference_reaches_its_target(q
             assert examples == points[: len(examples)], "every run evaluates after the same examples"
     for row in record["rows"][1:]:
         if "gain" in row:  # the status follows the rule from the recorded numbers
-            expected = ladder.decide(
+            expected = ladder_runs.decide(
                 row["before_examples_per_s"],
                 row["examples_per_s"],
                 _examples_before(record, row),

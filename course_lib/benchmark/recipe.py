@@ -26,8 +26,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from course_lib.benchmark.ladder import run_ladder as ladder_run
-from course_lib.benchmark.ladder import spread
+from course_lib.benchmark.ladder_runs import run_ladder as ladder_run
+from course_lib.benchmark.ladder_runs import spread
 from course_lib.benchmark.report import format_cell
 from course_lib.benchmark.rungs import RUNG_NAMES
 from course_lib.tooling import sections
@@ -113,7 +113,7 @@ def quick_config(**overrides: Any) -> RecipeConfig:
 
 
 def run_ladder(cfg: RecipeConfig, log=print, measure=None) -> dict[str, Any]:
-    """Run the ladder per ``cfg`` (``ladder.run_ladder``); return its record, ready to write."""
+    """Run the ladder per ``cfg`` (``ladder_runs.run_ladder``); return its record, ready to write."""
     return {"about": RECIPE_ABOUT, **ladder_run(cfg, log, measure)}
 
 
