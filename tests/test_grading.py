@@ -168,8 +168,11 @@ def nbgrader(course: Path, *args: str) -> subprocess.CompletedProcess:
     done = subprocess.run(
         [exe, *args], cwd=course, env=env, capture_output=True, text=True, timeout=COMMAND_LIMIT
     )
+    # The first traceback says why; the end of the log says which step gave up.
+    first = done.stderr.find("Traceback")
+    cause = done.stderr[first : first + 4000] + "\n...\n" if first >= 0 else ""
     assert done.returncode == 0, (
-        f"nbgrader {' '.join(args)} failed ({done.returncode}):\n{done.stderr[-4000:]}"
+        f"nbgrader {' '.join(args)} failed ({done.returncode}):\n{cause}{done.stderr[-3000:]}"
     )
     return done
 
