@@ -509,7 +509,7 @@ def test_every_assignment_is_named_like_its_lesson():
     assert ONLY <= set(ALL_ASSIGNMENTS), (
         f"COURSE_GRADING_ONLY names no assignment: {ONLY - set(ALL_ASSIGNMENTS)}"
     )
-    lessons = sorted(p.stem for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    lessons = sorted(p.stem for p in (ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb"))  # 01_, 01b_
     orphans = [a for a in ALL_ASSIGNMENTS if a not in lessons]
     assert ALL_ASSIGNMENTS and not orphans, f"assignments without a lesson of the same name: {orphans}"
 
