@@ -69,9 +69,7 @@ class TrainConfig:
     gradient_checkpointing: bool = False
     local_sgd_steps: int | None = None  # average parameters every N steps (N processes); None: DDP
     comm_hook: str = "none"  # "none" | "fp16" | "bf16": compress the gradients DDP all-reduces
-    fused_optimizer: bool | None = (
-        None  # AdamW's fused kernel; None: where torch has one, False: the default loop
-    )
+    fused_optimizer: bool | None = None  # fused AdamW; None: where torch has it, False: the for-loop
     attn_implementation: str | None = None  # "eager" | "sdpa"; None: as the model was loaded
     compile: bool = False  # torch.compile the model for training (compilation counts in the step times)
     compile_dynamic: bool | None = None  # torch.compile(dynamic=...): True where batch lengths vary
@@ -167,9 +165,7 @@ def train(
                 tokens += batch.get("input_ids", batch["labels"]).numel()  # images/audio: examples
                 with sync_gradients(model, update):  # [ddp]
                     with steps.autocast():  # [amp]
-                        loss = (
-                            forward(**batch).loss / window
-                        )  # forward + loss  # [accum] mean over the window
+                        loss = forward(**batch).loss / window  # forward + loss  # [accum] window mean
                     steps.backward(loss)  # backward  # [amp] scaled for fp16
                 if not update:  # [accum]
                     continue
