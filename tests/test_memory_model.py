@@ -118,3 +118,19 @@ def test_bad_input_says_what_to_do():
 
     with pytest.raises(ValueError, match="build an Arch"):
         mm.Arch.from_config(Other())
+
+
+def test_estimator_stacks_the_model_parts():
+    from course_lib import estimator
+
+    arch = estimator.MODELS["DistilBERT-base"]
+    setup = mm.Setup(8, 128, "bf16")
+    ddp = estimator.estimate(arch, setup, "ddp", 8)
+    zero3 = estimator.estimate(arch, setup, "zero3", 8)
+    assert ddp["total"] == pytest.approx(sum(ddp[k] for k in estimator.STACK))
+    assert ddp["weights"] == 4 * arch.num_params() and zero3["weights"] == ddp["weights"] / 8
+    assert zero3["total"] < ddp["total"]
+    assert ddp["activations"] == sum(r["bytes"] for r in mm.saved_tensors(arch, setup) if not r["alias"])
+    assert "does not fit" in estimator.describe(ddp, 2**20) and ": fits" in estimator.describe(
+        ddp, 80 * 2**30
+    )
