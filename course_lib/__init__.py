@@ -24,7 +24,7 @@ estimator        bytes per device from the memory model, as an interactive stack
 training/        the course's one way to train, a file per technique (its own map names them)
 instruments/     each measured quantity, defined once (its own map names them)
 demos/           what one lesson demonstrates, a module per lesson (its own map names them)
-benchmark/       the benchmark and the time-to-accuracy ladder behind the ``cli`` programs
+benchmark/       what the benchmark and time-to-accuracy commands measure (its own map names them)
 cli/             command-line programs: ``python -m course_lib.cli.<name>`` (its own map names them)
 tooling/         what maintainers and instructors run (its own map names them)
 """

@@ -193,3 +193,34 @@ def test_the_equality_check_catches_a_changed_line():
     library = function_source(MODULES["course_lib.training.slides"].read_text(), "train_pytorch")
     changed = library.replace("scaler.update()", "pass")
     assert function_source(changed, "train_pytorch") != library
+
+
+def test_the_top_level_map_leaves_folder_contents_to_the_folders_own_maps():
+    """A second list of a folder's modules drifts (it named 6 of 9 techniques): one map per folder."""
+    for line in docstring("course_lib").splitlines():
+        match = re.match(r"^([a-z_]+)/ {2,}(.*)$", line)
+        if match:
+            named = set(re.findall(r"[a-z_]+", match.group(2))) & set(
+                children(f"course_lib.{match.group(1)}")
+            )
+            assert not named, f"course_lib's map lists modules of {match.group(1)}/ ({sorted(named)})"
+
+
+REFERENCE = re.compile(
+    r"(?<![\w/.-])((?:course_lib|tests|docs|notebooks|solutions|exercises|scripts|jupyter)/[\w./-]*\w)"
+)
+
+
+def test_every_path_the_code_and_docs_name_exists():
+    """Cross-references that name a file or folder of the repository point at one that exists."""
+    texts = [*PKG.rglob("*.py"), *(ROOT / "tests").rglob("*.py"), *(ROOT / "docs").rglob("*.md")]
+    texts += [
+        ROOT / n for n in ("README.md", "CONTRIBUTING.md", "Makefile", ".ci/run", "scripts/gpu_check.sh")
+    ]
+    missing = sorted(
+        f"{path.relative_to(ROOT)}: {ref}"
+        for path in texts
+        for ref, end in ((m.group(1), m.end()) for m in REFERENCE.finditer(path.read_text()))
+        if path.read_text()[end : end + 1] not in "*[<" and not (ROOT / ref).exists()
+    )
+    assert not missing, f"references to files that do not exist: {missing}"

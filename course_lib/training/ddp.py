@@ -4,7 +4,8 @@ and a communication hook that compresses the gradients DDP sends.
 DDP all-reduces gradients during every backward. Inside an accumulation window only the last
 micro-batch's backward needs it: ``model.no_sync()`` skips the others (k-1 all-reduces saved per step).
 A compression hook casts each gradient bucket to 16 bits before the all-reduce and back after it: half
-the bytes on the wire (``COMM_HOOKS``; bf16 needs the NCCL backend, i.e. GPUs; fp16 works on gloo too).
+the bytes on the wire (``COMM_HOOKS``; fp16 works anywhere; DDP accepts bf16 only in a CUDA/ROCm
+build with NCCL 2.10+, whatever the backend, and the course allows it on NCCL only).
 """
 
 from __future__ import annotations
