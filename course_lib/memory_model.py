@@ -10,7 +10,7 @@ Measurement: ``measure`` runs steps of a real model and reads the course's instr
 (``SavedTensors``, ``model_state_bytes`` with ``optimizer_state_bytes``, ``TensorPeak``); ``compare`` puts both side by side.
 
 It has more than 400 lines because the prediction and the measurement it is checked against belong
-in one place: a learner reads each predicted tensor beside the instrument that counts it (lesson 08).
+in one place: a learner reads each predicted tensor beside the instrument that counts it (lesson 06b).
 """
 
 from __future__ import annotations

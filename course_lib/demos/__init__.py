@@ -6,5 +6,5 @@ mixed_precision  lesson 03: memory, communication (and compute) of mixed precisi
 accumulation_checkpointing  lesson 04: accumulation vs the big batch, loss weighting, recompute counts, sqrt(n) memory
 local_sgd        lesson 05: all-reduce calls and bytes per strategy (DDP, no_sync, LocalSGD, fp16 hook), replica drift
 optimizers       lesson 06: optimizer state (AdamW, Adafactor, 8-bit AdamW), ZeRO accounting, Trainer optim=
-sharding         lesson 08: DDP, ZeRO-1 and FSDP on two gloo ranks: bytes per rank, collectives, same result
+sharding         lesson 06b: DDP, ZeRO-1 and FSDP on two gloo ranks: bytes per rank, collectives, same result
 """
