@@ -297,20 +297,33 @@ def check_media_dir(
     return path
 
 
-def load_media_model(kind: str, path: str | Path | None = None):
-    """The embedded (or ``path``'s) image (``kind="image"``) or audio (``"audio"``) classifier, fp32."""
-    from transformers import AutoModelForAudioClassification, AutoModelForImageClassification
+def load_media_model(kind: str, path: str | Path | None = None, labels: list[str] | None = None):
+    """The embedded (or ``path``'s) image (``kind="image"``) or audio (``"audio"``) classifier, fp32.
+
+    ``labels``: the dataset's class names. Where they differ from the checkpoint's (a hub dataset: beans
+    has 3 classes, speech_commands 36), the classification head is created anew for them.
+    """
+    from transformers import AutoConfig, AutoModelForAudioClassification, AutoModelForImageClassification
 
     classes = {"image": AutoModelForImageClassification, "audio": AutoModelForAudioClassification}
     if kind not in classes:
         raise ValueError(f"kind must be 'image' or 'audio', got {kind!r}.")
     from transformers.utils import logging as hf_logging
 
-    folder = Path(path) if path is not None else (IMAGE_MODEL_DIR if kind == "image" else AUDIO_MODEL_DIR)
+    folder = check_media_dir(
+        Path(path) if path is not None else (IMAGE_MODEL_DIR if kind == "image" else AUDIO_MODEL_DIR)
+    )
+    head = {}
+    if labels is not None and list(labels) != list(AutoConfig.from_pretrained(folder).id2label.values()):
+        head = {  # a head for these classes, initialised fresh (the body keeps its weights)
+            "id2label": dict(enumerate(labels)),
+            "label2id": {name: i for i, name in enumerate(labels)},
+            "ignore_mismatched_sizes": True,
+        }
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # a "Loading weights" bar on stderr for a load that takes a blink
     try:
-        return classes[kind].from_pretrained(check_media_dir(folder), dtype=torch.float32)
+        return classes[kind].from_pretrained(folder, dtype=torch.float32, **head)
     finally:
         if bars:
             hf_logging.enable_progress_bar()

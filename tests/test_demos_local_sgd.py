@@ -204,7 +204,6 @@ def test_count_rows_adds_the_average_on_exit_to_the_total_and_the_ratio():
 
 
 @pytest.mark.slow  # two real processes
-@pytest.mark.slow  # two real processes
 def test_two_ranks_local_sgd_sends_no_gradients_and_k1_equals_ddp_only_with_sgd():
     demo = L.SyncDemo(
         variants=(L.Variant("DDP"), L.Variant("local", "local_sgd", 2)),

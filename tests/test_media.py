@@ -186,3 +186,13 @@ def test_two_training_steps_of_each_model_through_the_loop(processors):
         assert history.step_tokens == [batch, batch], "images and audio count examples per step"
         assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
         assert 0.0 <= history.evals[-1]["accuracy"] <= 1.0
+
+
+def test_a_dataset_with_other_classes_gets_a_new_head_and_keeps_the_body():
+    same = media.load_media_model("audio", labels=media.AUDIO_CLASSES)
+    other = media.load_media_model("audio", labels=["yes", "no", "up"])
+    assert same.config.num_labels == len(media.AUDIO_CLASSES)
+    assert other.config.num_labels == 3 and other.config.id2label == {0: "yes", 1: "no", 2: "up"}
+    assert other.classifier.weight.shape[0] == 3
+    body, body_again = same.wav2vec2.feature_extractor, other.wav2vec2.feature_extractor
+    assert all(torch.equal(a, b) for a, b in zip(body.parameters(), body_again.parameters()))

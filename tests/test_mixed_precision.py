@@ -72,7 +72,7 @@ def test_one_table_maps_names_to_dtypes_and_labels():
     assert [mp.precision_label(x) for x in ("fp32", "float16", "bf16")] == ["fp32", "fp16", "bf16"]
 
 
-# Matmul GFLOP/s as measured on each kind of machine (PITFALLS and the lessons' own runs), faked here
+# Matmul GFLOP/s as measured on each kind of machine (the course's CI machines and the lessons' own runs), faked here
 # so the verdicts are tested without such a machine.
 MACHINES = {
     "intel_no_amx": ("cpu", {"no": 330.0, "bf16": 166.0, "fp16": 311.0}, None),

@@ -143,7 +143,7 @@ def lab_environment(tmp: Path) -> dict[str, str]:
             "IPYTHONDIR": str(tmp / "ipython"),
             # The course's settings, exactly as `make lab` passes them.
             "JUPYTER_CONFIG_PATH": str(ROOT / "jupyter"),
-            # nbgrader's formgrader shells out to this environment's `alembic` (PITFALLS, nbgrader).
+            # nbgrader's formgrader shells out to the `alembic` found on PATH: this environment's.
             "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
         }
     )
