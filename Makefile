@@ -49,8 +49,8 @@ test: setup
 	$(RUN) ruff format --check .
 	$(RUN) $(OFFLINE) python -m pytest $(PYTEST_ARGS)
 
-# The fast tier while developing (about 2½ minutes on 2 cores): unit tests and quick notebook checks,
-# without the slow tier that conftest.py's SLOW names. `make test` remains the full suite.
+# The fast tier while developing (about 1½ minutes on 2 cores): unit tests and quick notebook checks, without the slow
+# tier (@pytest.mark.slow and conftest.py's SLOW_PATHS). `make test` remains the full suite.
 test-fast: setup
 	$(RUN) ruff check .
 	$(RUN) ruff format --check .
