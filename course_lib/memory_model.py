@@ -21,9 +21,9 @@ from dataclasses import asdict, dataclass
 import torch
 
 from course_lib.instruments.memory import SavedTensors, TensorPeak, model_state_bytes
+from course_lib.training.optim import OPTIMIZERS
 
 PARTS = ("weights", "gradients", "optimizer state", "saved for backward", "step peak")
-OPTIMIZERS = ("adamw", "adafactor", "adamw8bit")
 PRECISIONS = ("no", "bf16", "fp16")
 STAGES = ("ddp", "zero1", "zero2", "zero3")
 ATTENTION = ("sdpa", "eager", "flash")  # flash: derived from the kernel's design, not measured on a CPU

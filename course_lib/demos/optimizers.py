@@ -19,17 +19,17 @@
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Iterable, Sequence
 
 import torch
 
+from course_lib import memory_model
 from course_lib.instruments.memory import TensorPeak
 from course_lib.instruments.timing import time_fn
+from course_lib.memory_model import MIN_8BIT_SIZE
 from course_lib.training.optim import OPTIMIZERS, import_bitsandbytes, make_optimizer
 
-MIN_8BIT_SIZE = 4096  # bitsandbytes' default min_8bit_size: smaller tensors keep 32-bit state
 # Mixed-precision training as ZeRO counts it (fp16 weights and gradients, an fp32 master copy): bytes
 # per parameter besides the optimizer's state. torch.autocast keeps fp32 weights and fp32 gradients
 # instead (no master copy): measure those with instruments.memory.model_state_bytes.
@@ -100,10 +100,7 @@ def adafactor_state_numel(shape: Sequence[int]) -> int:
     A matrix (n, m) keeps a row vector (n) and a column vector (m): n + m instead of Adam's n x m. A
     tensor of more dimensions is factored over its last two; a vector keeps one value per element.
     """
-    shape = tuple(shape)
-    if len(shape) < 2:
-        return math.prod(shape)
-    return math.prod(shape[:-1]) + math.prod(shape[:-2]) * shape[-1]
+    return memory_model.param_state(tuple(shape), "adafactor") // 4  # the memory model's bytes, fp32
 
 
 def small_tensor_share(optimizer: torch.optim.Optimizer, min_8bit_size: int = MIN_8BIT_SIZE) -> dict:
