@@ -155,23 +155,22 @@ def test_drift_series_drops_at_each_averaging():
 # --- two real processes (slow tier) ------------------------------------------------------------
 
 
-@pytest.mark.slow  # two real processes
-def test_two_ranks_count_and_drift():
-    demo = L.SyncDemo(
-        variants=(
-            L.Variant("DDP"),
-            L.Variant("accum", "accum", 2),
-            L.Variant("local", "local_sgd", 2),
-            L.Variant("fp16", hook="fp16"),
-        ),
-        steps=4,
-        batch_size=2,
-        eval_rows=4,
-        eval_every=2,
-    )
+def _two_ranks(*variants, **settings):
+    """Both ranks' reports of a tiny SyncDemo (4 steps of 2 rows), rank 0's runs by name, parameters."""
+    demo = L.SyncDemo(variants=variants, steps=4, batch_size=2, eval_rows=4, eval_every=2, **settings)
     ranks = launch(L.sync_worker, 2, args=(demo,), backend="gloo")
     runs = {r["name"]: r for r in ranks[0]["runs"]}
-    n = runs["DDP"]["parameters"]
+    return ranks, runs, runs["DDP"]["parameters"]
+
+
+@pytest.mark.slow  # two real processes
+def test_two_ranks_count_and_drift():
+    ranks, runs, n = _two_ranks(
+        L.Variant("DDP"),
+        L.Variant("accum", "accum", 2),
+        L.Variant("local", "local_sgd", 2),
+        L.Variant("fp16", hook="fp16"),
+    )
     assert ranks[0]["distributed_type"].endswith("MULTI_CPU")
     assert "NCCL" in ranks[0]["bf16_hook"]
     assert runs["DDP"]["bytes"] == L.comm_bytes(n, 4, 4)
@@ -205,17 +204,7 @@ def test_count_rows_adds_the_average_on_exit_to_the_total_and_the_ratio():
 
 @pytest.mark.slow  # two real processes
 def test_two_ranks_local_sgd_sends_no_gradients_and_k1_equals_ddp_only_with_sgd():
-    demo = L.SyncDemo(
-        variants=(L.Variant("DDP"), L.Variant("local", "local_sgd", 2)),
-        steps=4,
-        batch_size=2,
-        eval_rows=4,
-        eval_every=2,
-        k1_steps=2,
-    )
-    ranks = launch(L.sync_worker, 2, args=(demo,), backend="gloo")
-    runs = {r["name"]: r for r in ranks[0]["runs"]}
-    n = runs["DDP"]["parameters"]
+    ranks, runs, n = _two_ranks(L.Variant("DDP"), L.Variant("local", "local_sgd", 2), k1_steps=2)
     assert runs["DDP"]["grad_calls"] == runs["DDP"]["calls"] > 0  # the hook does see DDP's all-reduces
     assert runs["local"]["grad_calls"] == 0  # ... and none inside LocalSGD's no_sync
     assert runs["local"]["total_bytes"] == L.comm_bytes(n, 4, 4, 2) + L.comm_bytes(n, 4, 1)
