@@ -2,8 +2,9 @@
 
 The names are Accelerate's (``Accelerator(mixed_precision=...)``): ``"no"`` (fp32), ``"fp16"``,
 ``"bf16"``. ``PRECISIONS`` maps each to the dtype autocast computes in and the label tables print;
-aliases such as ``"fp32"`` or ``"bfloat16"`` are accepted on input. The float formats themselves
-(bits, ranges, underflow) are teaching material in ``course_lib.floats``.
+aliases such as ``"fp32"`` or ``"bfloat16"`` are accepted on input, read from the one table of dtype
+names in ``course_lib.floats``, where the float formats themselves (bits, ranges, underflow) are
+teaching material.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from course_lib.devices import cpu_flags, get_device
+from course_lib.floats import FORMATS, format_name
 
 
 @dataclass(frozen=True)
@@ -28,11 +30,10 @@ class Precision:
 
 
 PRECISIONS = {
-    "no": Precision("no", "fp32", torch.float32, needs_scaler=False),
-    "fp16": Precision("fp16", "fp16", torch.float16, needs_scaler=True),
-    "bf16": Precision("bf16", "bf16", torch.bfloat16, needs_scaler=False),
+    "no": Precision("no", "fp32", FORMATS["fp32"], needs_scaler=False),
+    "fp16": Precision("fp16", "fp16", FORMATS["fp16"], needs_scaler=True),
+    "bf16": Precision("bf16", "bf16", FORMATS["bf16"], needs_scaler=False),
 }
-_ALIASES = {"fp32": "no", "float32": "no", "none": "no", "float16": "fp16", "bfloat16": "bf16"}
 
 
 class PrecisionWarning(UserWarning):
@@ -40,12 +41,16 @@ class PrecisionWarning(UserWarning):
 
 
 def normalize_precision(precision: str | None) -> str:
-    """``"no"``, ``"fp16"`` or ``"bf16"`` (accepts aliases such as ``"fp32"``, ``"bfloat16"``)."""
+    """``"no"``, ``"fp16"`` or ``"bf16"``: also ``"none"`` and a float format's name or alias (``"fp32"``,
+    ``"bfloat16"``, ``"half"``: ``floats.format_name``, the one table of dtype names)."""
     p = "no" if precision is None else str(precision).strip().lower()
-    p = _ALIASES.get(p, p)
-    if p not in PRECISIONS:
-        raise ValueError(f"Unknown precision {precision!r}: use 'no' (fp32), 'fp16' or 'bf16'.")
-    return p
+    if p in ("no", "none"):
+        return "no"
+    try:
+        label = format_name(p)
+    except ValueError:
+        raise ValueError(f"Unknown precision {precision!r}: use 'no' (fp32), 'fp16' or 'bf16'.") from None
+    return next(name for name, spec in PRECISIONS.items() if spec.label == label)
 
 
 FASTER, SLOWER = 1.15, 0.87  # measured speed vs fp32 above / below which a format is "faster" / "slower"

@@ -134,6 +134,24 @@ def test_the_bf16_hook_check_reads_the_build_not_the_backend(group, monkeypatch)
     assert L.bf16_all_reduce_check()
 
 
+def test_hook_names_are_the_training_loops_with_none_shown_as_fp32():
+    from course_lib.training.ddp import COMM_HOOKS
+
+    assert L.HOOKS == tuple("fp32" if name == "none" else name for name in COMM_HOOKS)
+    assert L.comm_hook("fp32") is default_hooks.allreduce_hook  # the all-reduce DDP makes, seen from Python
+    assert L.comm_hook("fp16") is default_hooks.fp16_compress_hook
+    assert L.comm_hook("bf16") is default_hooks.bf16_compress_hook
+
+
+def test_comm_log_reads_the_all_reduces_of_the_one_counter(group):
+    log = L.CommLog()
+    with L.counting_all_reduce(log):
+        dist.all_reduce(torch.ones(4))
+        dist.broadcast(torch.ones(8), src=0)  # counted by instruments.comm as a broadcast, not here
+    assert (log.calls, log.bytes) == (1, 16)
+    assert log.collectives.calls["broadcast"] == 1
+
+
 def test_unknown_names_raise():
     with pytest.raises(ValueError, match="Unknown hook"):
         L.comm_hook("int8")

@@ -40,7 +40,7 @@ from course_lib.devices import (
     get_device,
 )
 from course_lib.instruments.memory import SavedTensors, optimizer_state_bytes, tensor_peak_mb
-from course_lib.instruments.throughput import matmul_gflops, model_flops_per_token
+from course_lib.instruments.throughput import matmul_gflops, mfu, model_flops_per_token
 from course_lib.instruments.timing import StepClock
 from course_lib.mixed_precision import autocast_dtype, precision_label
 
@@ -198,7 +198,7 @@ def _measure_size(
                 method = "tensor_peak"
             step = statistics.median(medians[key])
             tokens_per_s = cfg.batch_size * cfg.seq_len / step
-            flops = model_flops_per_token(n_matmul) * tokens_per_s
+            flops_per_token = model_flops_per_token(n_matmul)
             peak_dtype = precision if out.amp_active else "no"  # fp16 on a CPU via Accelerate/Trainer: fp32
             rows.append(
                 {
@@ -217,9 +217,9 @@ def _measure_size(
                     "step_time_s": step,
                     "step_time_rounds_s": medians[key],
                     "tokens_per_s": tokens_per_s,
-                    "achieved_gflops": flops / 1e9,
+                    "achieved_gflops": flops_per_token * tokens_per_s / 1e9,
                     "peak_gflops": peaks[peak_dtype],
-                    "mfu": flops / (peaks[peak_dtype] * 1e9),
+                    "mfu": mfu(tokens_per_s, flops_per_token, peaks[peak_dtype]),
                     "peak_mem_mb": mem,
                     "peak_mem_method": method,
                     **kept,

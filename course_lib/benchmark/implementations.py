@@ -97,7 +97,10 @@ def train_trainer(model: torch.nn.Module, dataset: Dataset, spec: RunSpec) -> Ru
     """Hugging Face ``Trainer`` (current argument names), same data order, its default optimizer."""
     from transformers import PrinterCallback, Trainer, TrainingArguments, default_data_collator
 
-    _reset_accelerate_state()  # Trainer builds its own Accelerator
+    # Trainer builds its own Accelerator: reset the process-wide state the previous run left, with the
+    # course's one reset (training.fresh_accelerator; the Accelerator it returns is dropped, its state
+    # replaced by Trainer's)
+    training.fresh_accelerator(cpu=spec.device.type == "cpu")
     with tempfile.TemporaryDirectory() as out:
         args = TrainingArguments(
             output_dir=out,
@@ -166,10 +169,3 @@ TRAINERS: dict[str, Callable[[torch.nn.Module, Dataset, RunSpec], RunOutput]] = 
     "trainer": train_trainer,
     "course": train_course,
 }
-
-
-def _reset_accelerate_state() -> None:
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()

@@ -1,8 +1,10 @@
 """Lesson 05's demonstrations: what each way of keeping data-parallel replicas in step sends, and what it buys.
 
-* counting: ``CommLog`` holds the all-reduce calls, bytes and dtypes one rank hands to the network;
-  ``counting_all_reduce`` counts every ``torch.distributed.all_reduce`` made inside it (DDP's Python
-  comm hooks, Accelerate's ``LocalSGD``); ``counting_hook`` wraps a DDP comm hook so that it counts.
+* counting: ``CommLog`` reads the all-reduce calls, bytes and dtypes one rank hands to the network
+  from ``instruments.comm``'s one counter; ``counting_all_reduce`` counts every
+  ``torch.distributed.all_reduce`` made inside it (DDP's Python comm hooks, Accelerate's ``LocalSGD``);
+  ``counting_hook`` wraps a DDP comm hook so that it counts; ``comm_hook`` picks DDP's hook by name
+  (``training.ddp.COMM_HOOKS``, whose "none" the tables call "fp32").
 * arithmetic: ``comm_bytes`` (what a strategy should send), ``average_parameters`` (local SGD's
   averaging, for replicas held in one process).
 * ``SyncDemo`` + ``sync_worker``: on every rank of ``course_lib.distributed.launch``, each strategy
@@ -28,10 +30,15 @@ import torch.distributed as dist
 
 from course_lib.devices import to_device
 from course_lib.distributed import flat_params, rank_device, same_on_all_ranks, shard_indices
+from course_lib.instruments.comm import CollectiveLog, counting_collectives
+from course_lib.training.ddp import COMM_HOOKS
 
 MIB = 2**20
 SYNCS = ("ddp", "accum", "local_sgd")
-HOOKS = ("fp32", "fp16", "bf16")
+FP32 = (
+    "fp32"  # the label of COMM_HOOKS' "none": DDP's own fp32 all-reduce (run as a Python hook, to count it)
+)
+HOOKS = tuple(FP32 if name == "none" else name for name in COMM_HOOKS)  # ("fp32", "fp16", "bf16")
 
 
 # --- Counting what goes to the network -----------------------------------------------------------
@@ -39,27 +46,25 @@ HOOKS = ("fp32", "fp16", "bf16")
 
 @dataclass
 class CommLog:
-    """All-reduce calls, bytes and dtypes one rank handed to the network."""
+    """All-reduce calls, bytes and dtypes one rank handed to the network (``instruments.comm`` counts)."""
 
-    calls: int = 0
-    bytes: int = 0
-    dtypes: set[str] = field(default_factory=set)
+    collectives: CollectiveLog = field(default_factory=CollectiveLog)
 
     def record(self, tensor: torch.Tensor) -> None:
         """Count one all-reduce of ``tensor`` (its payload: elements x bytes per element)."""
-        self.calls += 1
-        self.bytes += tensor.numel() * tensor.element_size()
-        self.dtypes.add(str(tensor.dtype).removeprefix("torch."))
+        self.collectives.record("all-reduce", tensor)
 
+    @property
+    def calls(self) -> int:
+        return self.collectives.calls["all-reduce"]
 
-_ACTIVE: list[CommLog] = []  # the innermost counter gets each call
-_REAL_ALL_REDUCE = dist.all_reduce
+    @property
+    def bytes(self) -> int:
+        return self.collectives.bytes["all-reduce"]
 
-
-def _counted_all_reduce(tensor, *args, **kwargs):
-    if _ACTIVE:
-        _ACTIVE[-1].record(tensor)
-    return _REAL_ALL_REDUCE(tensor, *args, **kwargs)
+    @property
+    def dtypes(self) -> set[str]:
+        return self.collectives.dtypes["all-reduce"]
 
 
 @contextmanager
@@ -69,14 +74,8 @@ def counting_all_reduce(log: CommLog) -> Iterator[CommLog]:
     DDP's built-in all-reduce runs in C++ and is not seen; register a Python comm hook
     (``default_hooks.allreduce_hook``, which does the same) to count it.
     """
-    _ACTIVE.append(log)
-    dist.all_reduce = _counted_all_reduce
-    try:
+    with counting_collectives(log.collectives):
         yield log
-    finally:
-        _ACTIVE.pop()
-        if not _ACTIVE:
-            dist.all_reduce = _REAL_ALL_REDUCE
 
 
 def counting_hook(hook: Callable) -> Callable:
@@ -94,17 +93,18 @@ def counting_hook(hook: Callable) -> Callable:
 
 
 def comm_hook(name: str) -> Callable:
-    """DDP's comm hook for a wire format: ``"fp32"`` (plain all-reduce), ``"fp16"``, ``"bf16"`` (compress)."""
+    """DDP's comm hook for one of ``HOOKS``: ``"fp32"`` (``allreduce_hook``), ``"fp16"``/``"bf16"`` (compress).
+
+    The names are ``training.ddp.COMM_HOOKS``'; its ``"none"`` (DDP's built-in all-reduce, in C++, where
+    no counter sees it) is ``"fp32"`` here, run as the Python hook that does the same all-reduce.
+    """
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-    hooks = {
-        "fp32": default_hooks.allreduce_hook,
-        "fp16": default_hooks.fp16_compress_hook,
-        "bf16": default_hooks.bf16_compress_hook,
-    }
-    if name not in hooks:
+    if name not in HOOKS:
         raise ValueError(f"Unknown hook {name!r}: use one of {', '.join(HOOKS)}.")
-    return hooks[name]
+    if name == FP32:
+        return default_hooks.allreduce_hook
+    return getattr(default_hooks, f"{name}_compress_hook")  # fp16_compress_hook, bf16_compress_hook
 
 
 def comm_bytes(num_params: int, bytes_per_elem: int, steps: int, sync_every: int = 1) -> int:
@@ -256,7 +256,7 @@ def bf16_all_reduce_check() -> bool:
     mine = torch.full(
         (8,), float(dist.get_rank() + 1), dtype=torch.bfloat16, device=rank_device(dist.get_rank())
     )
-    _REAL_ALL_REDUCE(mine)  # not training traffic: never counted
+    dist.all_reduce(mine)  # not training traffic: called outside every counting block
     expected = world_size * (world_size + 1) / 2
     return mine.dtype == torch.bfloat16 and bool((mine.float() == expected).all())
 

@@ -1,25 +1,25 @@
 """Lesson 03's demonstrations: the three efficiencies of mixed precision, each measured, not derived.
 
-* memory: the activation bytes autograd saves for backward (``saved_tensors_hooks``), by dtype, in
-  fp32 and under autocast; what stays 32-bit (weights, gradients, AdamW state) read from the tensors;
+* memory: the activation bytes autograd saves for backward (``instruments.memory.SavedTensors``), by
+  dtype, in fp32 and under autocast; what stays 32-bit (weights, gradients, AdamW state) read from the tensors;
   what casting the whole model does to weight memory, and what it costs (small updates lost); the
   16-bit weight copies autocast caches for the length of an ``autocast`` block.
 * communication: the bytes DDP's all-reduce really sends per step, counted in two real processes,
   with the default hook (fp32) and with a compression hook (``fp16_compress_hook``; ``bf16_compress_hook``
-  needs NCCL, i.e. GPUs); the parameters after the same steps.
+  needs NCCL, i.e. GPUs), by ``instruments.comm``'s counter; the parameters after the same steps.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
 from course_lib.devices import to_device
 from course_lib.distributed import disable_dropout, flat_params, rank_device, shard_indices
+from course_lib.instruments.comm import counting_collectives
+from course_lib.instruments.memory import SavedTensors, tensor_bytes
 from course_lib.mixed_precision import FASTER, PrecisionAdvice, autocast_dtype
 
 MIB = 2**20
@@ -28,31 +28,21 @@ MIB = 2**20
 def saved_activation_bytes(model: torch.nn.Module, batch: dict, precision: str = "no") -> dict[str, int]:
     """Bytes of the tensors autograd saves for backward in one forward pass, per dtype.
 
-    Counted with ``torch.autograd.graph.saved_tensors_hooks``: every tensor packed for backward
-    passes through the hook. A parameter saved as-is (a weight in fp32) is counted too, once.
+    Counted by ``instruments.memory.SavedTensors`` (``saved_tensors_hooks``): every tensor packed for
+    backward passes through the hook. A parameter saved as-is (a weight in fp32) is counted too, once.
     """
     device = next(model.parameters()).device
     batch = to_device(batch, device)
-    counted: Counter = Counter()
-    seen: set[int] = set()
-
-    def pack(t: torch.Tensor):
-        key = t.untyped_storage().data_ptr()
-        if key not in seen:  # the same storage saved by two ops is held once
-            seen.add(key)
-            counted[str(t.dtype).removeprefix("torch.")] += t.numel() * t.element_size()
-        return t
-
     ctx = (
         nullcontext()
         if precision == "no"
         else torch.autocast(device_type=device.type, dtype=autocast_dtype(precision))
     )
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), ctx:
+    with SavedTensors() as saved, ctx:
         loss = model(**batch).loss
     loss.backward()
     model.zero_grad(set_to_none=True)
-    return dict(counted)
+    return dict(saved.by_dtype)
 
 
 def autocast_weight_copies(
@@ -68,33 +58,33 @@ def autocast_weight_copies(
     batch = to_device(batch, device)
     dtype = autocast_dtype(precision)
     casts = [p.detach().to(dtype) for p in model.parameters() if p.dim() == 2]
-    passes: list[dict[int, int]] = [{}, {}]
-    current = passes[0]
 
-    def pack(t: torch.Tensor):
-        if t.dtype == dtype and t.dim() == 2:
-            for c in casts:  # a Linear saves its cast weight, often as a transposed view
-                if (t.shape == c.shape and torch.equal(t, c)) or (
-                    t.shape == c.T.shape and torch.equal(t, c.T)
-                ):
-                    current[t.untyped_storage().data_ptr()] = t.numel() * t.element_size()
-                    break
-        return t
+    def weight_copies(saved: SavedTensors) -> dict[int, int]:
+        """Storage -> bytes of the saved tensors that are a cast weight (often as a transposed view)."""
+        copies = {}
+        for t in saved.tensors:
+            if t.dtype == dtype and t.dim() == 2:
+                for c in casts:
+                    if (t.shape == c.shape and torch.equal(t, c)) or (
+                        t.shape == c.T.shape and torch.equal(t, c.T)
+                    ):
+                        copies[t.untyped_storage().data_ptr()] = tensor_bytes([t])
+                        break
+        return copies
 
+    passes = [SavedTensors(keep=True), SavedTensors(keep=True)]
     losses = []
-    with (
-        torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
-        torch.autocast(device_type=device.type, dtype=dtype, cache_enabled=cache_enabled),
-    ):
-        for i in range(2):
-            current = passes[i]
-            losses.append(model(**batch).loss)
+    with torch.autocast(device_type=device.type, dtype=dtype, cache_enabled=cache_enabled):
+        for saved in passes:
+            with saved:
+                losses.append(model(**batch).loss)
     sum(losses).backward()  # the graphs hold every saved copy until here: no storage is reused
     model.zero_grad(set_to_none=True)
+    first, second = (weight_copies(saved) for saved in passes)
     return {
-        "copies": len(passes[0]),
-        "bytes": sum(passes[0].values()),
-        "reused": bool(passes[0]) and set(passes[0]) == set(passes[1]),
+        "copies": len(first),
+        "bytes": sum(first.values()),
+        "reused": bool(first) and set(first) == set(second),
     }
 
 
@@ -108,7 +98,7 @@ def state_dtypes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> li
 
     def row(name: str, tensors: list[torch.Tensor]) -> dict:
         dtypes = sorted({str(t.dtype).removeprefix("torch.") for t in tensors})
-        size = sum(t.numel() * t.element_size() for t in tensors)
+        size = tensor_bytes(tensors)
         return {
             "what": name,
             "dtype": ", ".join(dtypes),
@@ -142,7 +132,10 @@ def lost_update(value: float, update: float, dtype: torch.dtype) -> dict:
 class CommDemo:
     """A few SGD steps of data-parallel training per all-reduce hook, to count what each one sends."""
 
-    hooks: tuple[str, ...] = ("fp32", "fp16")  # "fp32": DDP's all-reduce; "fp16"/"bf16": *_compress_hook
+    hooks: tuple[str, ...] = (
+        "fp32",
+        "fp16",
+    )  # demos.local_sgd.HOOKS: "fp32" DDP's all-reduce, "fp16"/"bf16" compress
     steps: int = 3
     global_batch: int = 8
     lr: float = 0.5
@@ -153,57 +146,41 @@ def comm_worker(rank: int, world_size: int, demo: CommDemo) -> list[dict]:
     """One rank: for each hook, ``demo.steps`` DDP steps from the same start, counting every all-reduce.
 
     DDP's built-in all-reduce runs in C++; ``allreduce_hook`` is the same operation as a Python hook,
-    so that every call can be counted. ``bf16_compress_hook`` needs NCCL (GPUs); fp16's runs over gloo.
+    so that every call can be counted (``instruments.comm``). The hooks are lesson 05's
+    (``demos.local_sgd.comm_hook``); ``bf16_compress_hook`` needs NCCL (GPUs); fp16's runs over gloo.
     """
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel
 
     from course_lib import data, models
+    from course_lib.demos.local_sgd import HOOKS, comm_hook
 
-    hooks = {
-        "fp32": default_hooks.allreduce_hook,
-        "fp16": default_hooks.fp16_compress_hook,
-        "bf16": default_hooks.bf16_compress_hook,
-    }
-    unknown = set(demo.hooks) - set(hooks)
+    unknown = set(demo.hooks) - set(HOOKS)
     if unknown:
-        raise ValueError(f"Unknown hook(s) {sorted(unknown)}: use 'fp32', 'fp16' or 'bf16'.")
+        raise ValueError(f"Unknown hook(s) {sorted(unknown)}: use {', '.join(map(repr, HOOKS))}.")
     device = rank_device(rank)
     tokenizer = models.load_tokenizer()
     split = data.tokenize_dataset(data.load_mrpc()["train"].select(range(demo.global_batch)), tokenizer)
     rows = shard_indices(demo.global_batch, world_size, rank)
     batch = to_device(data.make_collator(tokenizer)([split[i] for i in rows]), device)
-    all_reduce = dist.all_reduce
     results = []
     for name in demo.hooks:
         torch.manual_seed(demo.seed)
         model = disable_dropout(models.load_model()).to(device)
         ddp = DistributedDataParallel(model)
-        ddp.register_comm_hook(None, hooks[name])
-        sent = {"calls": 0, "bytes": 0, "dtypes": set()}
-
-        def counting_all_reduce(tensor, *args, _sent=sent, **kwargs):  # what the hook hands to the network
-            _sent["calls"] += 1
-            _sent["bytes"] += tensor.numel() * tensor.element_size()
-            _sent["dtypes"].add(str(tensor.dtype).removeprefix("torch."))
-            return all_reduce(tensor, *args, **kwargs)
-
+        ddp.register_comm_hook(None, comm_hook(name))
         optimizer = torch.optim.SGD(model.parameters(), lr=demo.lr)
-        dist.all_reduce = counting_all_reduce
-        try:
+        with counting_collectives() as sent:  # what the hook hands to the network
             for _ in range(demo.steps):
                 ddp(**batch).loss.backward()
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
-        finally:
-            dist.all_reduce = all_reduce
         results.append(
             {
                 "rank": rank,
                 "hook": name,
-                "calls_per_step": sent["calls"] / demo.steps,
-                "bytes_per_step": sent["bytes"] / demo.steps,
-                "dtypes": sorted(sent["dtypes"]),
+                "calls_per_step": sent.calls["all-reduce"] / demo.steps,
+                "bytes_per_step": sent.bytes["all-reduce"] / demo.steps,
+                "dtypes": sorted(sent.dtypes["all-reduce"]),
                 "parameters": sum(p.numel() for p in model.parameters()),
                 "params_after": flat_params(model),
             }

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Sequence
 import torch
 
 from course_lib import memory_model
-from course_lib.instruments.memory import TensorPeak
+from course_lib.instruments.memory import TensorPeak, optimizer_state_bytes_by_key
 from course_lib.instruments.timing import time_fn
 from course_lib.memory_model import MIN_8BIT_SIZE
 from course_lib.training.optim import OPTIMIZERS, import_bitsandbytes, make_optimizer
@@ -43,23 +43,12 @@ def _tensors(state: dict) -> Iterable[tuple[str, torch.Tensor]]:
 def state_bytes(optimizer: torch.optim.Optimizer) -> dict[str, int]:
     """Bytes of the optimizer's state per state key (``exp_avg``, ``state1``, ...), each storage once.
 
-    Read after a step (the state is created in the first ``step()``). Step counters (``step``: a
-    0-d tensor per parameter tensor in torch, a Python int in bitsandbytes) are left out, and a storage
-    shared by several parameters (bitsandbytes' quantisation maps ``qmap1``/``qmap2``) is counted once,
-    as in ``instruments.memory.optimizer_state_bytes``, whose total equals the sum of these.
+    Read after a step (the state is created in the first ``step()``). Step counters are left out and a
+    storage shared by several parameters (bitsandbytes' quantisation maps ``qmap1``/``qmap2``) is
+    counted once: ``instruments.memory.optimizer_state_bytes_by_key``, whose sum is
+    ``optimizer_state_bytes``.
     """
-    seen: set[tuple[str, int]] = set()
-    counted: dict[str, int] = {}
-    for state in optimizer.state.values():
-        for key, t in _tensors(state):
-            if key == "step":
-                continue
-            storage = (str(t.device), t.untyped_storage().data_ptr())
-            if t.numel() and storage in seen:  # bitsandbytes' qmap1/qmap2 are shared by all parameters
-                continue
-            seen.add(storage)
-            counted[key] = counted.get(key, 0) + t.numel() * t.element_size()
-    return counted
+    return optimizer_state_bytes_by_key(optimizer)
 
 
 def optimizer_params(optimizer: torch.optim.Optimizer) -> int:

@@ -1,4 +1,4 @@
-"""Collectives one rank hands to the network, counted by kind: calls and payload bytes.
+"""Collectives one rank hands to the network, counted by kind: calls, payload bytes, dtypes; defined once.
 
 ``CollectiveLog`` + ``counting_collectives()``: every ``torch.distributed`` all-reduce, all-gather,
 reduce-scatter and broadcast called through the ``torch.distributed`` module inside the block is
@@ -8,7 +8,8 @@ input, the broadcast tensor. ``ring_bytes`` turns a payload into what each rank 
 2 (N - 1) / N for an all-reduce, (N - 1) / N for the others, so one all-gather plus one
 reduce-scatter send what one all-reduce sends. DDP's built-in C++ all-reduce bypasses Python: register
 a Python comm hook (``torch.distributed.algorithms.ddp_comm_hooks.default_hooks.allreduce_hook``) to
-count it.
+count it. Lessons 03 and 05 (``demos.mixed_precision``, ``demos.local_sgd``) and 06b (``demos.sharding``)
+count with this one counter.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
+
+from course_lib.instruments.memory import tensor_bytes
 
 KINDS = ("all-reduce", "all-gather", "reduce-scatter", "broadcast")
 # torch.distributed function -> (kind, the argument that holds the full tensor)
@@ -36,15 +39,17 @@ _FUNCTIONS = {
 
 @dataclass
 class CollectiveLog:
-    """Calls and payload bytes per kind of collective that one rank made."""
+    """Calls, payload bytes and the payloads' dtypes per kind of collective that one rank made."""
 
     calls: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
     bytes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
+    dtypes: dict[str, set[str]] = field(default_factory=lambda: {kind: set() for kind in KINDS})
 
     def record(self, kind: str, tensor: torch.Tensor) -> None:
         """Count one collective of ``kind`` on ``tensor`` (elements x bytes per element)."""
         self.calls[kind] += 1
-        self.bytes[kind] += tensor.numel() * tensor.element_size()
+        self.bytes[kind] += tensor_bytes([tensor])
+        self.dtypes[kind].add(str(tensor.dtype).removeprefix("torch."))
 
     def ring_bytes(self, world_size: int) -> int:
         """Bytes this rank sends in ring algorithms for all the recorded collectives."""
@@ -82,7 +87,11 @@ def _counted(name: str, real):
 
 @contextmanager
 def counting_collectives(log: CollectiveLog | None = None) -> Iterator[CollectiveLog]:
-    """Record every collective called through ``torch.distributed`` inside the block into ``log``."""
+    """Record every collective called through ``torch.distributed`` inside the block into ``log``.
+
+    Blocks nest: the innermost one open gets each call, counted once (a collective that calls another
+    counts as the outer one only). Leaving the block restores the functions it found.
+    """
     log = CollectiveLog() if log is None else log
     saved = {name: getattr(dist, name) for name in _FUNCTIONS if hasattr(dist, name)}
     for name, real in saved.items():

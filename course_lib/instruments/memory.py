@@ -1,10 +1,14 @@
-"""Peak memory of training, defined once: the tensor bytes allocated above a starting point.
+"""Memory of training, each quantity defined once: peak tensor memory, bytes saved for backward,
+optimizer-state bytes, model states, and the bytes of any tensors.
 
-* ``TensorPeak``: start it, run one training step, stop it: the peak of tensor bytes allocated in
-  between, above what was allocated at the start (activations, gradients, optimizer state, autocast
-  copies). CUDA: the caching allocator's peak (``torch.cuda.max_memory_allocated``). CPU: the running
-  sum of the allocations ``torch.profiler`` records (there is no allocator counter). Same quantity on
-  both, so lessons and the benchmark compare like with like. NaN on other devices (MPS).
+* ``TensorPeak`` / ``tensor_peak_mb``: start it, run one training step, stop it: the peak of tensor
+  bytes allocated in between, above what was allocated at the start (activations, gradients, optimizer
+  state, autocast copies). CUDA: the caching allocator's peak (``torch.cuda.max_memory_allocated``).
+  CPU: the running sum of the allocations ``torch.profiler`` records (there is no allocator counter).
+  Same quantity on both, so lessons and the benchmark compare like with like. NaN on other devices (MPS).
+* ``SavedTensors`` / ``saved_tensor_bytes``: what autograd saves for backward (``saved_tensors_hooks``).
+* ``optimizer_state_bytes`` (``optimizer_state_bytes_by_key``): what an optimizer keeps between steps.
+* ``model_state_bytes``: weights, gradients and optimizer state; ``tensor_bytes``: elements x bytes.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import os
 import re
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import contextmanager
 
 import torch
@@ -161,15 +165,19 @@ class SavedTensors:
 
     Every tensor an operation packs for its backward passes through the hook; a storage packed by
     several operations (or a parameter saved as-is) is counted once. Under gradient checkpointing the
-    checkpointed regions save (almost) nothing: that is the memory checkpointing saves.
+    checkpointed regions save (almost) nothing: that is the memory checkpointing saves. With
+    ``keep=True`` the packed tensors themselves are kept too, in packing order (``tensors``), for a
+    caller that asks which tensors were saved (lesson 03: autocast's cached 16-bit weight copies).
 
         with SavedTensors() as saved:
             loss = model(**batch).loss
         saved.bytes, saved.by_dtype
     """
 
-    def __init__(self) -> None:
+    def __init__(self, keep: bool = False) -> None:
         self.by_dtype: dict[str, int] = {}
+        self.tensors: list[torch.Tensor] = []
+        self._keep = keep
         self._seen: set[int] = set()
         self._hooks = None
 
@@ -178,11 +186,13 @@ class SavedTensors:
         return sum(self.by_dtype.values())
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        if self._keep:
+            self.tensors.append(t)
         key = t.untyped_storage().data_ptr()
         if key not in self._seen:  # held alive until backward, so no address is reused meanwhile
             self._seen.add(key)
             dtype = str(t.dtype).removeprefix("torch.")
-            self.by_dtype[dtype] = self.by_dtype.get(dtype, 0) + t.numel() * t.element_size()
+            self.by_dtype[dtype] = self.by_dtype.get(dtype, 0) + tensor_bytes([t])
         return t
 
     def __enter__(self) -> SavedTensors:
@@ -201,25 +211,36 @@ def saved_tensor_bytes(fn: Callable[[], object]) -> int:
     return saved.bytes
 
 
+def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes of ``tensors`` as they are: elements x bytes per element of each, summed."""
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def optimizer_state_bytes_by_key(optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """``optimizer_state_bytes`` per state key (``exp_avg``, ``state1``, ...), in the order first seen."""
+    counted, seen = {}, set()
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if not isinstance(value, torch.Tensor) or key == "step":
+                continue
+            storage = (str(value.device), value.untyped_storage().data_ptr())
+            if value.numel() and storage in seen:  # bitsandbytes' qmap1/qmap2 are shared by all parameters
+                continue
+            seen.add(storage)
+            counted[key] = counted.get(key, 0) + tensor_bytes([value])
+    return counted
+
+
 def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
     """Bytes of the tensors an optimizer keeps between steps (``optimizer.state``), step counters excluded.
 
     The state is created lazily: before the first ``step()`` this is 0. AdamW keeps two fp32 tensors
     per parameter (8 bytes per parameter); an 8-bit AdamW two uint8 tensors plus per-block scales and
     two quantisation maps that all its parameters share (a storage shared by several entries is
-    counted once).
+    counted once). Step counters (a 0-d tensor per parameter in torch, a Python int in bitsandbytes)
+    are left out.
     """
-    total, seen = 0, set()
-    for state in optimizer.state.values():
-        for key, value in state.items():
-            if not isinstance(value, torch.Tensor) or key == "step":
-                continue
-            storage = (str(value.device), value.untyped_storage().data_ptr())
-            if value.numel() and storage in seen:
-                continue
-            seen.add(storage)
-            total += value.numel() * value.element_size()
-    return total
+    return sum(optimizer_state_bytes_by_key(optimizer).values())
 
 
 def model_state_bytes(
@@ -232,7 +253,7 @@ def model_state_bytes(
     """
     params = [p for p in model.parameters() if p.requires_grad]
     return {
-        "weights": sum(p.numel() * p.element_size() for p in params),
-        "gradients": sum(p.grad.numel() * p.grad.element_size() for p in params if p.grad is not None),
+        "weights": tensor_bytes(params),
+        "gradients": tensor_bytes(p.grad for p in params if p.grad is not None),
         "optimizer state": optimizer_state_bytes(optimizer) if optimizer is not None else 0,
     }
