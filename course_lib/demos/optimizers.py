@@ -25,7 +25,7 @@ from collections.abc import Iterable, Sequence
 import torch
 
 from course_lib import memory_model
-from course_lib.instruments.memory import TensorPeak, optimizer_state_bytes_by_key
+from course_lib.instruments.memory import TensorPeak, optimizer_state_bytes_by_key, tensor_bytes
 from course_lib.instruments.timing import time_fn
 from course_lib.memory_model import MIN_8BIT_SIZE
 from course_lib.training.optim import OPTIMIZERS, import_bitsandbytes, make_optimizer
@@ -77,7 +77,9 @@ def state_layout(optimizer: torch.optim.Optimizer, param: torch.nn.Parameter) ->
     for key, value in optimizer.state[param].items():
         if isinstance(value, torch.Tensor):
             dtype = str(value.dtype).removeprefix("torch.")
-            rows.append({"key": key, "shape": tuple(value.shape), "dtype": dtype, "bytes": value.nbytes})
+            rows.append(
+                {"key": key, "shape": tuple(value.shape), "dtype": dtype, "bytes": tensor_bytes([value])}
+            )
         else:
             rows.append({"key": key, "shape": "-", "dtype": type(value).__name__, "bytes": 0})
     return rows
