@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml
 # The embedded checkpoint is committed; this rebuilds it only if it is missing (about 17 minutes on 2 CPU cores).
 assets: $(MODEL)
 $(MODEL): | $(STAMP)
-	$(BIN)/python -m course_lib.tooling.build_assets
+	$(BIN)/python -m course_tools.build_assets
 
 # Jupyter refuses to run as root (containers) without --allow-root.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
@@ -64,12 +64,12 @@ format:
 
 # Regenerate the student release exercises/ from solutions/ (committed; CI checks it for drift).
 release: setup
-	$(RUN) python -m course_lib.tooling.release
+	$(RUN) python -m course_tools.release
 
 # A learner checks an exercise without changing it: make check NB=exercises/01_device_placement/01_device_placement.ipynb
 check: setup
 	@test -n "$(NB)" || (echo "Usage: make check NB=exercises/<assignment>/<notebook>.ipynb" && exit 2)
-	$(RUN) $(OFFLINE) python -m course_lib.tooling.check "$(NB)"
+	$(RUN) $(OFFLINE) python -m course_lib.cli.check "$(NB)"
 
 bench: setup
 	$(RUN) python -m course_lib.cli.bench $(BENCH_ARGS)

@@ -4,8 +4,8 @@ import os
 
 from nbgrader.converters import Autograde, GenerateFeedback
 
-from course_lib.tooling.check import CELL_TIMEOUT, IGNORED_STDERR
-from course_lib.tooling.grading import (
+from course_lib.cli.check import CELL_TIMEOUT, IGNORED_STDERR
+from course_tools.grading import (
     OUTPUT_CHAR_LIMIT,
     default_preprocessors,
     with_output_size_limit,
@@ -22,7 +22,7 @@ c.CourseDirectory.root = os.path.dirname(os.path.abspath(__file__))  # noqa: F82
 
 # Every reference cell runs in a few seconds on 2 CPU cores. A cell still running after CELL_TIMEOUT
 # seconds is a runaway (an infinite loop): nbgrader interrupts it, the cell scores zero and grading
-# goes on with the next cell. `course_lib.tooling.check` uses the same limit.
+# goes on with the next cell. `course_lib.cli.check` uses the same limit.
 c.Execute.timeout = CELL_TIMEOUT
 
 # A grade cell scores zero if it writes anything to stderr. The tests here signal failure only by
@@ -36,14 +36,14 @@ c.IgnorePattern.pattern = IGNORED_STDERR
 c.OverwriteCells.add_missing_cells = True
 # A submitted test cell with hidden tests always differs from the gradebook's copy (the release stripped
 # them), and nbgrader's OverwriteCells logs "Attribute 'checksum' for cell ... has changed!" for each one,
-# in every submission. course_lib.tooling.grading.QuietOverwriteCells restores the hidden tests of a cell
+# in every submission. course_tools.grading.QuietOverwriteCells restores the hidden tests of a cell
 # that is exactly as released before comparing, so the warning names only cells a student really edited;
 # every locked cell is still graded with the gradebook's source.
 c.Autograde.sanitize_preprocessors = with_quiet_overwrite(
     default_preprocessors(Autograde, "sanitize_preprocessors")
 )
 
-# nbgrader's LimitOutput bounds the lines of output a cell keeps, not their length: course_lib.tooling.grading's
+# nbgrader's LimitOutput bounds the lines of output a cell keeps, not their length: course_tools.grading's
 # LimitOutputSize also bounds the characters (one 5 MB line would otherwise reach the autograded
 # notebook and the feedback page whole), in autograding and again when the feedback is generated.
 c.Autograde.autograde_preprocessors = with_output_size_limit(

@@ -2,9 +2,10 @@
 
 The folders say what a module is for. Top-level modules are what the lessons call; ``training/`` is
 the course's one loop, one file per technique; ``instruments/`` measures; ``demos/`` holds what one
-lesson demonstrates; ``benchmark/`` and ``cli/`` are the command-line programs; ``tooling/``
-maintains the course itself (release, self-check, notebooks, assets). Every folder's
-``__init__.py`` maps its own modules.
+lesson demonstrates; ``benchmark/`` and ``cli/`` are the learner's command-line programs. Every
+folder's ``__init__.py`` maps its own modules. What maintainers and instructors run (the release,
+grading, generated sections, notebook upkeep, asset builds) is the separate package ``course_tools``,
+which imports this one; this one never imports it.
 
 config           environment switches (COURSE_MODEL, COURSE_DATASET), read in one place
 devices          pick the device, describe the machine, move batches, seed everything
@@ -26,7 +27,6 @@ instruments/     each measured quantity, defined once (its own map names them)
 demos/           what one lesson demonstrates, a module per lesson (its own map names them)
 benchmark/       what the benchmark and time-to-accuracy commands measure (its own map names them)
 cli/             command-line programs: ``python -m course_lib.cli.<name>`` (its own map names them)
-tooling/         what maintainers and instructors run (its own map names them)
 """
 
 __version__ = "0.1.0"

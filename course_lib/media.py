@@ -14,7 +14,7 @@ load real hub datasets instead (internet needed), converted to the same columns.
 
 The models (``assets/tiny-vit``, ``assets/tiny-wav2vec2``) are a small ``ViTForImageClassification``
 and ``Wav2Vec2ForSequenceClassification`` with random weights, built by
-``python -m course_lib.tooling.build_media_assets``; their processors load with
+``python -m course_tools.build_media_assets``; their processors load with
 ``AutoImageProcessor`` / ``AutoFeatureExtractor.from_pretrained``.
 """
 
@@ -292,7 +292,7 @@ def check_media_dir(
     if missing:
         raise FileNotFoundError(
             f"{path} lacks {', '.join(missing)}. Rebuild the embedded models with "
-            "`python -m course_lib.tooling.build_media_assets` (or `git checkout -- course_lib/assets`)."
+            "`python -m course_tools.build_media_assets` (or `git checkout -- course_lib/assets`)."
         )
     return path
 

@@ -32,14 +32,14 @@ def check_checkpoint_dir(path: Path) -> None:
     if not path.is_dir():
         raise FileNotFoundError(
             f"No checkpoint folder at {path}. Rebuild the embedded one with "
-            "`python -m course_lib.tooling.build_assets`, or pass a hub id such as "
+            "`python -m course_tools.build_assets`, or pass a hub id such as "
             "'distilbert-base-uncased' (needs internet)."
         )
     missing = [f for f in _REQUIRED_FILES if not (path / f).is_file()]
     if missing:
         raise FileNotFoundError(
             f"Checkpoint folder {path} lacks {', '.join(missing)}. Rebuild it with "
-            "`python -m course_lib.tooling.build_assets --out <folder>` or save a model there with "
+            "`python -m course_tools.build_assets --out <folder>` or save a model there with "
             "`model.save_pretrained(folder)` and `tokenizer.save_pretrained(folder)`."
         )
     try:
@@ -47,7 +47,7 @@ def check_checkpoint_dir(path: Path) -> None:
     except json.JSONDecodeError as err:
         raise ValueError(
             f"{path / 'config.json'} is not valid JSON ({err}). The checkpoint is corrupt: "
-            "rebuild it with `python -m course_lib.tooling.build_assets`."
+            "rebuild it with `python -m course_tools.build_assets`."
         ) from err
 
 
@@ -89,7 +89,7 @@ def load_model(name: str | None = None, num_labels: int = 2, pretrained: bool = 
             raise OSError(
                 f"Could not load model {resolved!r}: its model.safetensors is damaged ({err}). Restore "
                 "it (`git checkout -- course_lib/assets` for the embedded one) or rebuild the embedded "
-                "checkpoint with `python -m course_lib.tooling.build_assets`."
+                "checkpoint with `python -m course_tools.build_assets`."
             ) from err
     finally:
         hf_logging.set_verbosity(verbosity)

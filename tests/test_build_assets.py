@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from course_lib import corpus, models
-from course_lib.tooling import build_assets
+from course_tools import build_assets
 
 
 @pytest.fixture(scope="module")

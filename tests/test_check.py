@@ -1,4 +1,4 @@
-"""The learner's self-check, `python -m course_lib.tooling.check NOTEBOOK` (`make check NB=...`).
+"""The learner's self-check, `python -m course_lib.cli.check NOTEBOOK` (`make check NB=...`).
 
 It runs a temporary copy, scores the visible tests as the autograder does, and never modifies the file.
 """
@@ -13,8 +13,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_lib.tooling.check import execute_copy, main, modified_locked_cells
-from course_lib.tooling.release import write_answers
+from course_lib.cli.check import execute_copy, main, modified_locked_cells
+from course_tools.release import write_answers
 
 ROOT = Path(__file__).resolve().parents[1]
 # The quickest exercise: the runner is the same for all (tests/test_grading.py runs every assignment with it).
@@ -23,7 +23,7 @@ EXERCISE = ROOT / "exercises" / "00_intro" / "00_intro.ipynb"
 
 def run_check(path: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "course_lib.tooling.check", str(path)],
+        [sys.executable, "-m", "course_lib.cli.check", str(path)],
         capture_output=True,
         text=True,
         timeout=600,
@@ -87,7 +87,7 @@ def test_make_check_runs_this_module():
     done = subprocess.run(
         ["make", "-n", "check", f"NB={EXERCISE}"], cwd=ROOT, capture_output=True, text=True, timeout=60
     )
-    assert done.returncode == 0 and f'python -m course_lib.tooling.check "{EXERCISE}"' in done.stdout, (
+    assert done.returncode == 0 and f'python -m course_lib.cli.check "{EXERCISE}"' in done.stdout, (
         done.stdout + done.stderr
     )
 

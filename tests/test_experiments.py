@@ -4,10 +4,10 @@ from dataclasses import asdict
 import pytest
 
 from course_lib import corpus, data
-from course_lib.cli import experiments as experiments_cli
 from course_lib.demos import pretraining as experiments
-from course_lib.tooling import sections
 from course_lib.training import History
+from course_tools import experiments as experiments_cli
+from course_tools import sections
 
 SLOT_WORDS = {  # the words the corpus can put in each example's masked slot, lower-cased
     "Initech": {w.lower() for w in corpus.COMPANIES},
@@ -156,16 +156,16 @@ def test_markdown_table_lists_both_runs_and_the_baseline():
 
 @pytest.mark.slow
 def test_cli_prints_a_table_and_rejects_bad_input(capsys, tmp_path):
-    readme, record = tmp_path / "README.md", tmp_path / "results" / "pretrained.json"
+    readme, record = tmp_path / "README.md", tmp_path / "docs/results/pretrained.json"
     readme.write_text("# Course\n<!-- pretrained:start -->\n<!-- pretrained:end -->\nafter\n")
     argv = ["--epochs", "1", "--batch-size", "16", "--train-rows", "16", "--mlm-pairs", "8", "--no-progress"]
-    assert experiments_cli.main([*argv, "--readme", str(readme), "--json", str(record)]) == 0
+    assert experiments_cli.main([*argv, "--json", str(record)]) == 0
     out = capsys.readouterr().out
     assert "| pretrained checkpoint |" in out and "| random init |" in out
     assert "| weights | masked-token accuracy |" in out and "| start from | val accuracy |" in out
+    assert sections.main(["render", "pretrained", "--root", str(tmp_path)]) == 0
     block = sections.read_block(readme, "pretrained")
     assert block.strip() in out and "train rows 16" in block  # the block is the printed report
-    rendered = ["--from-json", str(record), "--readme", str(readme)]
-    assert experiments_cli.main([*rendered, "--check"]) == 0  # the record renders the block again
-    assert experiments_cli.main(["--precision", "fp8", "--no-progress"]) == 2
+    assert sections.main(["check", "pretrained", "--root", str(tmp_path)]) == 0
+    assert experiments_cli.main(["--precision", "fp8", "--no-progress", "--json", str(record)]) == 2
     assert "Unknown precision" in capsys.readouterr().err

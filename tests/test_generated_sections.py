@@ -1,7 +1,7 @@
 """Generated sections: one writer each, rendered from a committed record, and no drift.
 
-Nothing here measures: every writer runs in its render-only form (``--from-json`` / ``nbtools render``)
-on a temporary copy of the committed files.
+Nothing here measures: every writer runs in its render-only form (``course_tools.sections render`` /
+``nbtools render``) on a temporary copy of the committed files.
 """
 
 import json
@@ -12,12 +12,8 @@ import nbformat
 import pytest
 
 from course_lib.benchmark import config as bench_config
-from course_lib.benchmark import recipe as recipe_report
 from course_lib.benchmark import report as bench_report
-from course_lib.cli import bench as bench_cli
-from course_lib.cli import experiments
-from course_lib.cli import recipe as recipe_cli
-from course_lib.tooling import nbtools, sections
+from course_tools import nbtools, sections
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))
@@ -28,12 +24,11 @@ MARKED = [
     ("docs/benchmark.md", "bench"),
     ("README.md", "recipe"),
 ]
-CHECKERS = {
-    "lessons": nbtools.check_committed,
-    "pretrained": experiments.check_committed,
-    "bench": bench_report.check_committed,
-    "recipe": recipe_report.check_committed,
-}
+NAMES = ("lessons", "pretrained", "bench", "recipe")
+
+
+def _check(name: str, root: Path) -> list[str]:
+    return sections.check_section(sections.generated(name), root)
 
 
 @pytest.fixture
@@ -62,34 +57,13 @@ def _tamper(path: Path, old: str, new: str) -> None:
     path.write_text(text.replace(old, new), encoding="utf-8")
 
 
-def _render_argv(root: Path) -> dict[str, tuple]:
-    """Each writer's render-only command line on the copy under ``root``."""
-    results = root / "docs/results"
-    return {
-        "lessons": (
-            nbtools.main,
-            [
-                "render",
-                *(str(root / "notebooks" / nb.name) for nb in NOTEBOOKS),
-                "--readme",
-                str(root / "README.md"),
-            ]
-            + ["--from-json", str(results / "lessons.json")],
-        ),
-        "pretrained": (
-            experiments.main,
-            ["--from-json", str(results / "pretrained.json"), "--readme", str(root / "README.md")],
-        ),
-        "bench": (
-            bench_cli.main,
-            ["--from-json", str(results / "bench.json"), "--readme", str(root / "README.md")]
-            + ["--readme", str(root / "docs/benchmark.md")],
-        ),
-        "recipe": (
-            recipe_cli.main,
-            ["--from-json", str(results / "recipe.json"), "--readme", str(root / "README.md")],
-        ),
-    }
+def _writer(root: Path, name: str):
+    """Each writer's render-only command on the copy under ``root``: ``run(check=False) -> exit status``."""
+    if name == "lessons":
+        argv = ["render", *(str(root / "notebooks" / nb.name) for nb in NOTEBOOKS), "--readme"]
+        argv += [str(root / "README.md"), "--from-json", str(root / "docs/results/lessons.json")]
+        return lambda check=False: nbtools.main(argv + ["--check"] * check)
+    return lambda check=False: sections.main(["check" if check else "render", name, "--root", str(root)])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -108,15 +82,15 @@ def test_each_marker_pair_occurs_once_outside_code_fences(rel, name):
 
 
 def test_every_generated_section_has_a_committed_record():
-    assert {g.name for g in sections.GENERATED} == set(CHECKERS)
+    assert tuple(g.name for g in sections.GENERATED) == NAMES
     for gen in sections.GENERATED:
         record = json.loads((ROOT / gen.record).read_text(encoding="utf-8"))
         assert record["about"], gen.record
 
 
-@pytest.mark.parametrize("name", CHECKERS)
+@pytest.mark.parametrize("name", NAMES)
 def test_committed_section_equals_what_its_record_renders(name):
-    assert CHECKERS[name](ROOT) == []
+    assert _check(name, ROOT) == []
 
 
 def test_the_readme_and_the_benchmark_page_carry_the_same_table():
@@ -143,13 +117,13 @@ def test_lesson_headers_state_the_readme_run_time():
 # The writers, render-only, on a copy
 
 
-@pytest.mark.parametrize("name", CHECKERS)
+@pytest.mark.parametrize("name", NAMES)
 def test_writer_leaves_the_committed_files_unchanged(repo, name, capsys):
     before = _snapshot(repo)
-    main, argv = _render_argv(repo)[name]
-    assert main(argv) == 0, capsys.readouterr().err
+    run = _writer(repo, name)
+    assert run() == 0, capsys.readouterr().err
     assert _snapshot(repo) == before
-    assert main([*argv, "--check"]) == 0, capsys.readouterr().err
+    assert run(check=True) == 0, capsys.readouterr().err
 
 
 def test_sections_check_passes_on_the_copy_and_lists_the_writers(repo, capsys):
@@ -192,36 +166,36 @@ _STEP_MS = (
             "README.md",
             _L01_ROW,
             _L01_ROW.replace(f"| {_L01} s |", f"| {_L01 + 1} s |"),
-            "course_lib.tooling.nbtools render",
+            "course_tools.nbtools render",
         ),
         (
             "lessons",
             "notebooks/01_device_placement.ipynb",
             f"約 {_L01} 秒",
             f"約 {_L01 + 3} 秒",
-            "course_lib.tooling.nbtools render",
+            "course_tools.nbtools render",
         ),
         (
             "pretrained",
             "README.md",
             "| pretrained checkpoint | 0.888 |",
             "| pretrained checkpoint | 0.889 |",
-            "--from-json",
+            "course_tools.sections render pretrained",
         ),
         (
             "bench",
             "docs/benchmark.md",
             f"| {_STEP_MS:,.1f} |",
             f"| {_STEP_MS + 0.1:,.1f} |",
-            "course_lib.cli.bench --from-json",
+            "course_tools.sections render bench",
         ),
-        ("bench", "docs/results/bench.json", None, None, "course_lib.cli.bench"),
+        ("bench", "docs/results/bench.json", None, None, "course_tools.sections render bench"),
         (
             "recipe",
             "README.md",
             _RECIPE_ROW,
             _RECIPE_ROW.replace("| 1 |", "| 0 |", 1),
-            "course_lib.cli.recipe --from-json",
+            "course_tools.sections render recipe",
         ),
     ],
 )
@@ -233,15 +207,15 @@ def test_a_tampered_copy_is_reported_as_drift(repo, name, rel, old, new, fix, ca
         path.write_text(json.dumps(record, indent=2), encoding="utf-8")
     else:
         _tamper(path, old, new)
-    problems = CHECKERS[name](repo)
+    problems = _check(name, repo)
     assert len(problems) == 1 or rel.endswith(".json"), problems
     assert all(fix in p for p in problems), problems
     assert sections.main(["check", "--root", str(repo)]) == 1
     assert fix in capsys.readouterr().err
-    main, argv = _render_argv(repo)[name]
-    assert main([*argv, "--check"]) == 1  # the writer's own check agrees
+    run = _writer(repo, name)
+    assert run(check=True) == 1  # the writer's own check agrees
     if not rel.endswith(".json"):  # rendering again restores the committed text
-        assert main(argv) == 0
+        assert run() == 0
         assert path.read_bytes() == (ROOT / rel).read_bytes()
 
 
@@ -281,9 +255,8 @@ def test_a_header_without_its_run_time_sentence_is_refused(repo):
 
 def test_a_missing_record_names_the_command_that_writes_it(repo, capsys):
     (repo / "docs/results/pretrained.json").unlink()
-    main, argv = _render_argv(repo)["pretrained"]
-    assert main(argv) == 2
-    assert "python -m course_lib.cli.experiments --readme README.md" in capsys.readouterr().err
+    assert _writer(repo, "pretrained")() == 2
+    assert "python -m course_tools.experiments --json docs/results/pretrained.json" in capsys.readouterr().err
 
 
 def test_a_fresh_bench_record_renders_the_report_of_its_run():
@@ -346,13 +319,12 @@ def test_the_old_benchmark_page_layout_is_refused_by_its_writer(repo, capsys):
     page = repo / "docs/benchmark.md"
     block = sections.read_block(page, "bench")
     page.write_text(
-        "## Run it\n\n```bash\npython -m course_lib.cli.bench --readme README.md  # between <!-- bench:start -->\n"
+        "## Run it\n\n```bash\npython -m course_tools.sections render bench  # between <!-- bench:start -->\n"
         f"{block}<!-- bench:end -->\n```\n\n## Results\n\n<!-- bench:start -->\n{block}<!-- bench:end -->\n",
         encoding="utf-8",
     )
     before = page.read_bytes()
-    main, argv = _render_argv(repo)["bench"]
-    assert main(argv) == 2
+    assert _writer(repo, "bench")() == 2
     err = capsys.readouterr().err
     assert "inside a ``` code block" in err and "benchmark.md" in err
     assert page.read_bytes() == before

@@ -10,7 +10,7 @@
    command found on PATH, the way an instructor runs it: `make test` puts .venv/bin first on PATH, and
    nbgrader shells out to `alembic` from there when it creates a gradebook.
 2. The fixture matrix: every other wrong submission (submissions.toml) and every alternative correct
-   answer (tests/fixtures/alternatives.toml), run with the course's own check runner (course_lib.tooling.check:
+   answer (tests/fixtures/alternatives.toml), run with the course's own check runner (course_lib.cli.check:
    a fresh kernel, the autograder's scoring) on the notebook autograde runs, hidden tests included.
    Alternatives ride along in a wrong submission's notebook wherever they cannot mask or be masked by its
    mistakes, so each assignment runs a few notebooks, not one per fixture; they run alongside the cycle
@@ -36,9 +36,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_lib.tooling.check import CELL_TIMEOUT, IGNORED_STDERR, check_notebook, execute_copy
-from course_lib.tooling.grading import NOTE, OUTPUT_CHAR_LIMIT, LimitOutputSize, released_source
-from course_lib.tooling.release import fill_answers, find_assignments, strip_solution_markers
+from course_lib.cli.check import CELL_TIMEOUT, IGNORED_STDERR, check_notebook, execute_copy
+from course_tools.grading import NOTE, OUTPUT_CHAR_LIMIT, LimitOutputSize, released_source
+from course_tools.release import fill_answers, find_assignments, strip_solution_markers
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "submissions.toml"
@@ -676,7 +676,7 @@ def test_deleted_test_cells_are_restored_and_graded(graded):
 
 @pytest.mark.slow
 def test_long_output_lines_are_cut_in_the_autograded_notebook_and_the_feedback(graded):
-    """LimitOutputSize (course_lib.tooling.grading) bounds a cell's output: a 5 MB line does not reach the graded
+    """LimitOutputSize (course_tools.grading) bounds a cell's output: a 5 MB line does not reach the graded
     notebook or the feedback whole, and the cell keeps its grade."""
     submission = the_submission(lambda s: s.huge_output_in)
     run = graded[submission.assignment]
@@ -753,14 +753,14 @@ def test_released_test_cells_are_their_source_without_the_hidden_tests():
             if cell.metadata["nbgrader"].get("locked") and cell.cell_type == "code":
                 assert release[gid].source == released_source(cell.source), (
                     f"{assignment}: the released {gid} is not its source without the hidden tests: "
-                    "run python -m course_lib.tooling.release"
+                    "run python -m course_tools.release"
                 )
 
 
 @pytest.mark.slow
 def test_autograde_reports_only_cells_a_student_edited(graded):
     """nbgrader's "Attribute 'checksum' for cell ... has changed!" names only test cells a submission edited,
-    not every cell whose hidden tests the release stripped (course_lib.tooling.grading.QuietOverwriteCells)."""
+    not every cell whose hidden tests the release stripped (course_tools.grading.QuietOverwriteCells)."""
     for assignment, run in graded.items():
         locked = {
             gid

@@ -15,7 +15,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_lib.tooling import freshness, nbtools
+from course_tools import freshness, nbtools
 
 ROOT = Path(__file__).resolve().parents[1]
 LESSONS = sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))
@@ -64,7 +64,7 @@ def test_a_lesson_runs_the_modules_it_imports_and_what_they_import():
     # imported by name, the packages above it, and what the loop's amp backend imports (two away)
     assert {"course_lib.training.loop", "course_lib.training", "course_lib"} <= set(modules)
     assert {"course_lib.training.amp", "course_lib.mixed_precision"} <= set(modules), modules
-    assert "torch" not in modules and "course_lib.tooling.release" not in modules
+    assert "torch" not in modules and "course_tools.release" not in modules
     started = _notebook('!python -m course_lib.cli.train --max-steps 2\nx = "course_lib.demos.local_sgd:run"')
     assert {"course_lib.cli.train", "course_lib.demos.local_sgd"} <= set(freshness.lesson_modules(started))
 

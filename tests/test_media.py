@@ -144,7 +144,7 @@ def test_missing_checkpoint_says_how_to_rebuild(tmp_path):
 def test_builder_writes_loadable_checkpoints(tmp_path):
     from transformers import AutoFeatureExtractor, AutoImageProcessor
 
-    from course_lib.tooling import build_media_assets
+    from course_tools import build_media_assets
 
     build_media_assets.main(["--image-out", str(tmp_path / "vit"), "--audio-out", str(tmp_path / "w2v")])
     assert AutoImageProcessor.from_pretrained(tmp_path / "vit").size["height"] == 32

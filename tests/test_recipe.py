@@ -8,7 +8,6 @@ share one ``--quick`` run (slow tier).
 import json
 import math
 from collections import Counter
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,7 +17,7 @@ from course_lib.benchmark import ladder_runs, recipe, rungs
 from course_lib.cli import recipe as recipe_cli
 from course_lib.cli import train as train_cli
 from course_lib.models import load_tokenizer
-from course_lib.tooling import sections
+from course_tools import sections
 
 # ---------------------------------------------------------------------------------------------
 # Length grouping and padding (fast)
@@ -302,15 +301,6 @@ def test_the_printed_command_parses_into_the_recipe_stack():
     )
 
 
-def test_cli_refuses_check_without_a_record_and_a_missing_record(tmp_path, capsys):
-    assert recipe_cli.main(["--check"]) == 2
-    assert "--from-json" in capsys.readouterr().err
-    readme = tmp_path / "README.md"
-    readme.write_text("# R\n\n<!-- recipe:start -->\n<!-- recipe:end -->\n", encoding="utf-8")
-    assert recipe_cli.main(["--from-json", str(tmp_path / "none.json"), "--readme", str(readme)]) == 2
-    assert recipe.MEASURE_COMMAND in capsys.readouterr().err
-
-
 # ---------------------------------------------------------------------------------------------
 # The rungs that change only kernels or padding compute the same function (a few real steps)
 
@@ -340,17 +330,13 @@ def test_kernel_and_padding_rungs_compute_the_same_losses_within_rounding():
 
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory):
-    """``--quick --json --markdown --plot --readme`` once; the files it wrote."""
+    """``--quick --json --markdown --plot`` once; the files it wrote."""
     out = tmp_path_factory.mktemp("recipe")
-    readme = out / "README.md"
-    readme.write_text(
-        "# Course\n\n<!-- recipe:start -->\nold\n<!-- recipe:end -->\n\nafter\n", encoding="utf-8"
-    )
-    argv = ["--quick", "--json", str(out / "recipe.json"), "--markdown", str(out / "recipe.md")]
-    argv += ["--plot", str(out / "recipe.png"), "--readme", str(readme)]
+    argv = ["--quick", "--json", str(out / "docs/results/recipe.json"), "--markdown", str(out / "recipe.md")]
+    argv += ["--plot", str(out / "recipe.png")]
     assert recipe_cli.main(argv) == 0
-    record = json.loads((out / "recipe.json").read_text(encoding="utf-8"))
-    return {"dir": out, "readme": readme, "record": record}
+    record = json.loads((out / "docs/results/recipe.json").read_text(encoding="utf-8"))
+    return {"dir": out, "record": record}
 
 
 @pytest.mark.slow
@@ -400,19 +386,18 @@ def _examples_before(record, row):
 
 
 @pytest.mark.slow
-def test_quick_ladder_renders_from_json_to_the_written_section(quick, capsys):
-    record, readme = quick["record"], quick["readme"]
-    body = sections.read_block(readme, recipe.RECIPE)
-    assert body == recipe.markdown_report(record)
-    assert (quick["dir"] / "recipe.md").read_text(encoding="utf-8") == body
-    assert readme.read_text(encoding="utf-8").endswith("<!-- recipe:end -->\n\nafter\n")
-    path = str(quick["dir"] / "recipe.json")
-    assert recipe_cli.main(["--from-json", path, "--readme", str(readme), "--check"]) == 0
-    before = readme.read_bytes()
-    assert recipe_cli.main(["--from-json", path, "--readme", str(readme)]) == 0
-    assert readme.read_bytes() == before
-    Path(readme).write_text(
-        readme.read_text(encoding="utf-8").replace("| 1 |", "| one |", 1), encoding="utf-8"
+def test_quick_ladder_record_renders_into_the_readme_what_the_run_wrote(quick, capsys):
+    record, root = quick["record"], quick["dir"]
+    body = recipe.markdown_report(record)
+    assert (root / "recipe.md").read_text(encoding="utf-8") == body
+    readme = root / "README.md"
+    readme.write_text(
+        "# Course\n\n<!-- recipe:start -->\nold\n<!-- recipe:end -->\n\nafter\n", encoding="utf-8"
     )
-    assert recipe_cli.main(["--from-json", path, "--readme", str(readme), "--check"]) == 1
-    assert "--from-json" in capsys.readouterr().err
+    assert sections.main(["render", "recipe", "--root", str(root)]) == 0
+    assert sections.read_block(readme, "recipe") == body
+    assert readme.read_text(encoding="utf-8").endswith("<!-- recipe:end -->\n\nafter\n")
+    assert sections.main(["check", "recipe", "--root", str(root)]) == 0
+    readme.write_text(readme.read_text(encoding="utf-8").replace("| 1 |", "| one |", 1), encoding="utf-8")
+    assert sections.main(["check", "recipe", "--root", str(root)]) == 1
+    assert "python -m course_tools.sections render recipe" in capsys.readouterr().err

@@ -12,7 +12,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_lib.tooling.release import (
+from course_tools.release import (
     check_release,
     fill_answers,
     find_assignments,
@@ -26,7 +26,7 @@ ASSIGNMENTS = find_assignments(ROOT)
 
 def release(*args: str, root: Path = ROOT) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "course_lib.tooling.release", "--root", str(root), *args],
+        [sys.executable, "-m", "course_tools.release", "--root", str(root), *args],
         capture_output=True,
         text=True,
         timeout=300,
@@ -170,6 +170,4 @@ def test_fill_answers_rejects_a_foreign_notebook():
 
 def test_make_release_runs_this_module():
     done = subprocess.run(["make", "-n", "release"], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0 and "python -m course_lib.tooling.release" in done.stdout, (
-        done.stdout + done.stderr
-    )
+    assert done.returncode == 0 and "python -m course_tools.release" in done.stdout, done.stdout + done.stderr

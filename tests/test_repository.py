@@ -6,7 +6,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_lib.tooling import freshness, nbtools
+from course_tools import freshness, nbtools
 
 ROOT = Path(__file__).resolve().parents[1]
 LESSONS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -29,7 +29,7 @@ def test_lessons_are_numbered_in_order_from_00():
 def test_lesson_outputs_belong_to_its_code(path):
     reason = nbtools.stale_reason(nbformat.read(path, as_version=4))
     assert reason is None, (
-        f"{path.name} is stale: {reason}. Run `python -m course_lib.tooling.nbtools execute {path.relative_to(ROOT)}`."
+        f"{path.name} is stale: {reason}. Run `python -m course_tools.nbtools execute {path.relative_to(ROOT)}`."
     )
 
 

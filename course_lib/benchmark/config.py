@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -26,19 +25,10 @@ MODEL_SIZES: dict[str, dict[str, int] | None] = {
     "small": {"dim": 256, "n_layers": 4, "n_heads": 4, "hidden_dim": 1024, "max_position_embeddings": 512},
     "base": {"dim": 768, "n_layers": 6, "n_heads": 12, "hidden_dim": 3072, "max_position_embeddings": 512},
 }
-BENCH = "bench"  # the generated section in README.md and docs/benchmark.md
-BENCH_RECORD = Path("docs/results/bench.json")
-BENCH_FILES = ("README.md", "docs/benchmark.md")
-RENDER_COMMAND = (
-    f"python -m course_lib.cli.bench --from-json {BENCH_RECORD} --readme README.md --readme docs/benchmark.md"
-)
-MEASURE_COMMAND = (
-    f"python -m course_lib.cli.bench --json {BENCH_RECORD} --readme README.md --readme docs/benchmark.md"
-)
 BENCH_ABOUT = (
     "One run of the training benchmark (rows, settings, machine, run time), written by `python -m "
     "course_lib.cli.bench --json PATH`. The tables between the bench markers of README.md and docs/benchmark.md "
-    f"are rendered from docs/results/bench.json; `{RENDER_COMMAND}` renders them again without measuring. "
+    "are rendered from docs/results/bench.json by `python -m course_tools.sections render bench` (no measuring). "
     "See docs/results/README.md."
 )
 

@@ -30,18 +30,12 @@ from course_lib.benchmark.ladder_runs import run_ladder as ladder_run
 from course_lib.benchmark.ladder_runs import spread
 from course_lib.benchmark.report import format_cell
 from course_lib.benchmark.rungs import RUNG_NAMES
-from course_lib.tooling import sections
 
-RECIPE = "recipe"  # the generated section in README.md
-RECIPE_RECORD = Path("docs/results/recipe.json")
-RECIPE_FILES = ("README.md",)
-RENDER_COMMAND = f"python -m course_lib.cli.recipe --from-json {RECIPE_RECORD} --readme README.md"
-MEASURE_COMMAND = f"python -m course_lib.cli.recipe --json {RECIPE_RECORD} --readme README.md"
 RECIPE_ABOUT = (
     "One run of the recipe ladder (time to a fixed validation accuracy as examples to target over seeds and "
     "examples per second over interleaved rounds, rung by rung), written by `python -m course_lib.cli.recipe "
-    f"--json PATH`. The README's recipe section is rendered from docs/results/recipe.json; `{RENDER_COMMAND}` "
-    "renders it again without measuring. See docs/results/README.md."
+    "--json PATH`. The README's recipe section is rendered from docs/results/recipe.json by "
+    "`python -m course_tools.sections render recipe` (no measuring). See docs/results/README.md."
 )
 SPEEDUP_TARGET = 1.5  # the recipe vs the slides' settings, time to the target
 RAN = ("reference", "kept", "dropped", "within noise")  # statuses of rows that were measured
@@ -263,13 +257,6 @@ def markdown_report(record: dict[str, Any]) -> str:
     )
 
 
-def check_committed(root: Path = Path(".")) -> list[str]:
-    """Drift of README.md's recipe section against ``docs/results/recipe.json``."""
-    report = markdown_report(sections.load_record(root / RECIPE_RECORD, MEASURE_COMMAND))
-    problems = [sections.check_block(root / name, RECIPE, report, RENDER_COMMAND) for name in RECIPE_FILES]
-    return [p for p in problems if p]
-
-
 def plot(record: dict[str, Any], path: str | Path | None = None, ax=None):
     """The ladder as bars: each rung's gain over the stack before it, with its range over rounds x seeds."""
     import matplotlib
@@ -304,8 +291,3 @@ def plot(record: dict[str, Any], path: str | Path | None = None, ax=None):
             fig.savefig(path, dpi=120)
             plt.close(fig)
     return ax
-
-
-def write_readme_section(path: str | Path, markdown: str) -> None:
-    """Put ``markdown`` between ``<!-- recipe:start -->`` and ``<!-- recipe:end -->`` in ``path``."""
-    sections.write_block(path, RECIPE, markdown)

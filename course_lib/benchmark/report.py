@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import statistics
@@ -12,13 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from course_lib.benchmark.config import (
-    BENCH,
     BENCH_ABOUT,
-    BENCH_FILES,
-    BENCH_RECORD,
     LABELS,
-    MEASURE_COMMAND,
-    RENDER_COMMAND,
     BenchConfig,
 )
 from course_lib.benchmark.harness import machine_summary
@@ -26,7 +22,6 @@ from course_lib.devices import (
     get_device,
 )
 from course_lib.mixed_precision import precision_label
-from course_lib.tooling import sections
 
 COLUMNS = (
     "size",
@@ -201,12 +196,19 @@ def make_record(
     }
 
 
+def save_record(path: str | Path, record: dict[str, Any]) -> None:
+    """Write a run's record as indented JSON (UTF-8, non-ASCII kept readable), creating its folder."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
 def write_json(
     rows: Sequence[dict[str, Any]], path: str | Path, cfg: BenchConfig, seconds: float | None = None
 ) -> dict[str, Any]:
     """Write the run's record (``make_record``: a JSON object with the rows) to ``path``; return it."""
     record = make_record(rows, cfg, seconds)
-    sections.write_record(path, record)
+    save_record(path, record)
     return record
 
 
@@ -221,13 +223,6 @@ def report_from_record(record: dict[str, Any]) -> str:
     return markdown_report(
         record["rows"], record_config(record), record.get("seconds"), cores=record.get("cores") or 0
     )
-
-
-def check_committed(root: Path = Path(".")) -> list[str]:
-    """Drift of the bench tables in README.md and docs/benchmark.md against ``docs/results/bench.json``."""
-    report = report_from_record(sections.load_record(root / BENCH_RECORD, MEASURE_COMMAND))
-    problems = [sections.check_block(root / name, BENCH, report, RENDER_COMMAND) for name in BENCH_FILES]
-    return [p for p in problems if p]
 
 
 def plot(rows: Sequence[dict[str, Any]], path: str | Path) -> None:
@@ -273,12 +268,3 @@ def plot(rows: Sequence[dict[str, Any]], path: str | Path) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)
-
-
-def write_readme_section(path: str | Path, markdown: str) -> None:
-    """Replace what lies between the marker lines ``<!-- bench:start -->`` and ``<!-- bench:end -->``.
-
-    ``course_lib.tooling.sections.write_block``: markers alone on their line, once each, outside code fences
-    (a marker quoted in prose is left alone); anything else raises an error that says what to fix.
-    """
-    sections.write_block(path, BENCH, markdown)

@@ -1,12 +1,24 @@
 """Command-line programs: ``python -m course_lib.cli.<name>``.
 
 train        fine-tune the course model on 1 or N processes (torchrun, accelerate launch)
-experiments  pretrained vs random init on the same budget (writes the README block)
 bench        the training benchmark: four implementations side by side
-recipe       time to a fixed accuracy, one efficiency change per rung (writes the README block)
+recipe       time to a fixed accuracy, one efficiency change per rung
+check        a learner's self-check of an exercise notebook (``make check NB=...``, ``course-check``)
+
+``bench`` and ``recipe`` print their report and write their record with ``--json PATH``; the
+maintainers' ``python -m course_tools.sections render NAME`` puts a committed record into the README.
 """
+
+import argparse
 
 
 def comma_list(value: str) -> tuple[str, ...]:
     """An argparse ``type``: ``"a, b,,c"`` -> ``("a", "b", "c")``."""
     return tuple(v.strip() for v in value.split(",") if v.strip())
+
+
+def add_output_arguments(parser: argparse.ArgumentParser, plot: str) -> None:
+    """The output flags the measuring commands share: --json (the record), --markdown, --plot."""
+    parser.add_argument("--json", metavar="PATH", help="write the run's record (settings, machine, rows)")
+    parser.add_argument("--markdown", metavar="PATH", help="write the markdown report")
+    parser.add_argument("--plot", metavar="PATH", help=f"write {plot} (PNG)")

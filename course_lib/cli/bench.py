@@ -1,7 +1,7 @@
 """``python -m course_lib.cli.bench``: the training benchmark (docs/benchmark.md).
 
 Four implementations of the same fine-tuning step side by side (``course_lib.benchmark``); ``--quick`` is a
-one-minute smoke run, ``--json``/``--readme`` write the record and the generated tables.
+one-minute smoke run; ``--json`` writes the run's record, ``--markdown`` and ``--plot`` its report.
 """
 
 from __future__ import annotations
@@ -13,10 +13,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from course_lib.benchmark.config import (
-    BENCH,
-    BENCH_RECORD,
     IMPLEMENTATIONS,
-    MEASURE_COMMAND,
     MODEL_SIZES,
     BenchConfig,
     quick_config,
@@ -26,15 +23,14 @@ from course_lib.benchmark.report import (
     make_record,
     plot,
     report_from_record,
+    save_record,
     target_checks,
-    write_readme_section,
 )
-from course_lib.cli import comma_list
+from course_lib.cli import add_output_arguments, comma_list
 from course_lib.devices import (
     describe_machine,
     format_machine,
 )
-from course_lib.tooling import sections
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, argparse.Namespace]:
@@ -61,7 +57,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, argparse.Nam
     p.add_argument("--device", help="auto (default), cpu, cuda, mps")
     p.add_argument("--no-memory", action="store_true", help="skip peak memory (2 extra steps per row)")
     p.add_argument("--memory", action="store_true", help="measure peak memory even with --quick")
-    sections.add_writer_arguments(p, BENCH, BENCH_RECORD, plot="a bar chart")
+    add_output_arguments(p, plot="a bar chart")
     args = p.parse_args(argv)
     overrides = {
         name: getattr(args, name)
@@ -91,42 +87,28 @@ def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, argparse.Nam
 def main(argv: list[str] | None = None) -> int:
     try:
         cfg, args = parse_args(argv)
-        readmes = args.readme or []
-        sections.check_writer_args(readmes, BENCH, BENCH_RECORD, args.check, args.from_json, args.json)
-        if args.from_json:
-            record = sections.load_record(args.from_json, MEASURE_COMMAND)
-            report = report_from_record(record)
-        else:
-            print(format_machine(describe_machine()))
-            print(f"\nconfig: {asdict(cfg)}\n")
-            start = time.perf_counter()
-            rows = run_benchmark(cfg)
-            seconds = time.perf_counter() - start
-            record = make_record(rows, cfg, seconds)
-            report = report_from_record(record)
+        print(format_machine(describe_machine()))
+        print(f"\nconfig: {asdict(cfg)}\n")
+        start = time.perf_counter()
+        rows = run_benchmark(cfg)
+        record = make_record(rows, cfg, time.perf_counter() - start)
     except (ValueError, FileNotFoundError, RuntimeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    rows = record["rows"]
-    if args.check:
-        return sections.report_drift(readmes, BENCH, report, args.from_json, "python -m course_lib.cli.bench")
-    checks = target_checks(rows)
-    if not args.from_json:
-        print("\n" + report)
-        if checks:
-            print("Targets:\n" + "\n".join(f"- {line}" for line in checks))
-        print(f"\nbenchmark took {record['seconds']:.0f} s")
-        json_path = args.json or (BENCH_RECORD if readmes else None)
-        if json_path:
-            sections.write_record(json_path, record)
+    report = report_from_record(record)  # what a committed record renders into the README, too
+    checks = target_checks(record["rows"])
+    print("\n" + report)
+    if checks:
+        print("Targets:\n" + "\n".join(f"- {line}" for line in checks))
+    print(f"\nbenchmark took {record['seconds']:.0f} s")
+    if args.json:
+        save_record(args.json, record)
     if args.markdown:
         text = report + ("\nTargets:\n\n" + "\n".join(f"- {c}" for c in checks) + "\n" if checks else "")
         Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
         Path(args.markdown).write_text(text)
     if args.plot:
-        plot(rows, args.plot)
-    for path in readmes:
-        write_readme_section(path, report)
+        plot(record["rows"], args.plot)
     return 0
 
 

@@ -3,8 +3,8 @@
 The slides' settings set a target validation accuracy; each rung of the ladder adds one change, and
 its time to the target is measured as examples to target (over seeds) over examples per second (in
 interleaved rounds) (``course_lib.benchmark.recipe``). The last line printed is the recommended recipe
-as one ``python -m course_lib.cli.train`` command. ``--quick`` is a smoke run; ``--json``/``--readme``
-write the record and the README section; ``--from-json`` renders without measuring.
+as one ``python -m course_lib.cli.train`` command. ``--quick`` is a smoke run; ``--json`` writes
+the run's record, ``--markdown`` and ``--plot`` its report.
 """
 
 from __future__ import annotations
@@ -15,20 +15,16 @@ from dataclasses import asdict
 from pathlib import Path
 
 from course_lib.benchmark.recipe import (
-    MEASURE_COMMAND,
-    RECIPE,
-    RECIPE_RECORD,
     RecipeConfig,
     markdown_report,
     plot,
     quick_config,
     run_ladder,
-    write_readme_section,
 )
+from course_lib.benchmark.report import save_record
 from course_lib.benchmark.rungs import RUNG_NAMES
-from course_lib.cli import comma_list
+from course_lib.cli import add_output_arguments, comma_list
 from course_lib.devices import describe_machine, format_machine
-from course_lib.tooling import sections
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[RecipeConfig, argparse.Namespace]:
@@ -58,7 +54,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[RecipeConfig, argparse.Na
     p.add_argument("--rungs", type=comma_list, help=f"comma-separated, from {', '.join(RUNG_NAMES)}")
     p.add_argument("--seed", type=int)
     p.add_argument("--device", help="auto (default), cpu, cuda, mps")
-    sections.add_writer_arguments(p, RECIPE, RECIPE_RECORD, plot="the ladder chart")
+    add_output_arguments(p, plot="the ladder chart")
     args = p.parse_args(argv)
     names = ("epochs", "batch_size", "lr", "eval_every", "train_rows", "eval_rows", "tolerance_se", "seeds")
     names += ("rounds", "timed_steps", "large_batch", "rungs", "seed", "device")
@@ -70,34 +66,22 @@ def parse_args(argv: list[str] | None = None) -> tuple[RecipeConfig, argparse.Na
 def main(argv: list[str] | None = None) -> int:
     try:
         cfg, args = parse_args(argv)
-        readmes = args.readme or []
-        sections.check_writer_args(readmes, RECIPE, RECIPE_RECORD, args.check, args.from_json, args.json)
-        record = sections.load_record(args.from_json, MEASURE_COMMAND) if args.from_json else None
-    except (ValueError, FileNotFoundError) as err:
+    except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    if record is None:  # a rung that fails raises: a crash is never reported as a result
-        print(format_machine(describe_machine()))
-        print(f"\nconfig: {asdict(cfg)}\n", flush=True)
-        record = run_ladder(cfg, log=lambda line: print(line, flush=True))
-    report = markdown_report(record)
-    if args.check:
-        return sections.report_drift(
-            readmes, RECIPE, report, args.from_json, "python -m course_lib.cli.recipe"
-        )
-    if not args.from_json:
-        print("\n" + report)
-        print(f"recommended recipe: {record['final']['command']}")
-        json_path = args.json or (RECIPE_RECORD if readmes else None)
-        if json_path:
-            sections.write_record(json_path, record)
+    print(format_machine(describe_machine()))
+    print(f"\nconfig: {asdict(cfg)}\n", flush=True)
+    record = run_ladder(cfg, log=lambda line: print(line, flush=True))  # a failing rung raises
+    report = markdown_report(record)  # what a committed record renders into the README, too
+    print("\n" + report)
+    print(f"recommended recipe: {record['final']['command']}")
+    if args.json:
+        save_record(args.json, record)
     if args.markdown:
         Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
         Path(args.markdown).write_text(report, encoding="utf-8")
     if args.plot:
         plot(record, args.plot)
-    for path in readmes:
-        write_readme_section(path, report)
     return 0
 
 

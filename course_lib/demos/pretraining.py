@@ -5,14 +5,15 @@
   whether a guess is read from the other sentence or comes from the model's prior alone.
 - ``pretrained_vs_scratch``: fine-tune both on the paraphrase task with the same data, budget and
   seed, next to ``majority_accuracy`` (the bar a classifier must clear). The embedded checkpoint
-  was pretrained to compare the facts of two sentences (``course_lib.tooling.build_assets``), so on
+  was pretrained to compare the facts of two sentences (``course_tools.build_assets``), so on
   a short CPU budget it clears the bar while random init stays at it.
 
-``python -m course_lib.cli.experiments`` runs both and writes README's "pretrained" block.
+``python -m course_tools.experiments`` runs both and writes README's "pretrained" block.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -23,7 +24,6 @@ from course_lib import data, models, training
 from course_lib.corpus import pretraining_pairs
 from course_lib.devices import seed_everything
 from course_lib.mixed_precision import normalize_precision
-from course_lib.tooling.build_assets import PretrainConfig
 
 RUNS = ("pretrained", "scratch")
 MASK_SHARE = 0.15  # share of the non-special tokens masked by masked_token_accuracy
@@ -78,17 +78,23 @@ def majority_accuracy(labels) -> float:
     return max(share, 1.0 - share)
 
 
+def pretraining_recipe() -> dict[str, Any]:
+    """The recipe the embedded checkpoint was built with (``pretraining.json`` beside its weights)."""
+    return json.loads((models.EMBEDDED_MODEL_DIR / "pretraining.json").read_text(encoding="utf-8"))["recipe"]
+
+
 def heldout_pretraining_pairs(n: int = 200) -> list[tuple[str, str]]:
     """The first ``n`` of the pretraining pairs that ``build_assets`` held out (never trained on).
 
     ``build_assets`` draws ``corpus_pairs + heldout_pairs`` pairs from ``pretraining_pairs`` with
     its seed, trains on the first ``corpus_pairs`` and measures on the rest: these are the rest.
     """
-    cfg = PretrainConfig()
-    if not 1 <= n <= cfg.heldout_pairs:
-        raise ValueError(f"n must be between 1 and {cfg.heldout_pairs} (the held-out pairs), got {n}.")
-    corpus = list(pretraining_pairs(cfg.corpus_pairs + cfg.heldout_pairs, seed=cfg.seed))
-    return corpus[cfg.corpus_pairs : cfg.corpus_pairs + n]
+    cfg = pretraining_recipe()
+    train, heldout = cfg["corpus_pairs"], cfg["heldout_pairs"]
+    if not 1 <= n <= heldout:
+        raise ValueError(f"n must be between 1 and {heldout} (the held-out pairs), got {n}.")
+    corpus = list(pretraining_pairs(train + heldout, seed=cfg["seed"]))
+    return corpus[train : train + n]
 
 
 def load_masked_lm(model_name: str | None = None, pretrained: bool = True, seed: int = 0):
@@ -136,7 +142,7 @@ def masked_token_accuracy(
         list(first),
         list(second),
         truncation=True,
-        max_length=PretrainConfig().max_length,
+        max_length=pretraining_recipe()["max_length"],
         padding=True,
         return_special_tokens_mask=True,
         return_tensors="pt",

@@ -24,9 +24,7 @@ except ImportError:  # no browser extra: the tests using these are skipped (conf
     Locator = Page = expect = PlaywrightTimeoutError = None
 
 ROOT = Path(__file__).resolve().parents[2]
-WIDGET_NOTE = (
-    "(interactive widget or progress bar: run the notebook to see it live)"  # course_lib.tooling.nbtools
-)
+WIDGET_NOTE = "(interactive widget or progress bar: run the notebook to see it live)"  # course_tools.nbtools
 KERNEL_START_MS = 120_000
 ENABLE_HINT = (
     "enable it with `sudo apt-get install chromium fonts-noto-cjk` and "

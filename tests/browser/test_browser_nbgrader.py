@@ -62,7 +62,7 @@ def test_exercise_validate_menu_and_no_news(page, lab):
 def test_validate_passes_a_solved_exercise(page, lab):
     solved = lab.course / "solved" / "00_intro"
     subprocess.run(
-        [sys.executable, "-m", "course_lib.tooling.release", "--answers", "00_intro", "--out", str(solved)],
+        [sys.executable, "-m", "course_tools.release", "--answers", "00_intro", "--out", str(solved)],
         cwd=ROOT,
         check=True,
         capture_output=True,

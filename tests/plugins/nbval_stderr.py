@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from course_lib.tooling import freshness
+from course_tools import freshness
 
 
 def _lesson_of(item: pytest.Item) -> str | None:

@@ -1,4 +1,4 @@
-"""Build lesson 01b's two small models: ``python -m course_lib.tooling.build_media_assets``.
+"""Build lesson 01b's two small models: ``python -m course_tools.build_media_assets``.
 
 Writes, in Hugging Face format, with random weights (seed 0; not pretrained):
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import nbformat
 
 PACKAGE = "course_lib"
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 EXPLAINED_STDERR = ROOT / "tests" / "explained_stderr.toml"
 # The libraries whose behaviour the lessons' outputs show; their versions are part of the stamp.
 PINNED = ("torch", "transformers", "accelerate", "datasets", "bitsandbytes")

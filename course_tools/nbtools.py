@@ -1,11 +1,11 @@
 """Notebook maintenance: execute lessons in place, strip stray metadata, detect stale outputs.
 
-    python -m course_lib.tooling.nbtools execute notebooks/01_device_placement.ipynb   # run, clean, stamp
-    python -m course_lib.tooling.nbtools clean solutions/*/*.ipynb                     # metadata only
-    python -m course_lib.tooling.nbtools check notebooks/*.ipynb                       # stale? (exit 1)
-    python -m course_lib.tooling.nbtools execute notebooks/*.ipynb --readme README.md  # also record run times
-    python -m course_lib.tooling.nbtools render notebooks/*.ipynb --readme README.md   # re-render, no running
-    python -m course_lib.tooling.nbtools render notebooks/*.ipynb --readme README.md --check  # drift? (exit 1)
+    python -m course_tools.nbtools execute notebooks/01_device_placement.ipynb   # run, clean, stamp
+    python -m course_tools.nbtools clean solutions/*/*.ipynb                     # metadata only
+    python -m course_tools.nbtools check notebooks/*.ipynb                       # stale? (exit 1)
+    python -m course_tools.nbtools execute notebooks/*.ipynb --readme README.md  # also record run times
+    python -m course_tools.nbtools render notebooks/*.ipynb --readme README.md   # re-render, no running
+    python -m course_tools.nbtools render notebooks/*.ipynb --readme README.md --check  # drift? (exit 1)
 
 ``execute`` stamps ``metadata.course``: ``source_hash``, a hash of every code cell's source at the
 time the outputs were produced, and ``library``, a fingerprint of every ``course_lib`` module the
@@ -37,27 +37,27 @@ from typing import Any
 
 import nbformat
 
-from course_lib.tooling import freshness, sections
+from course_tools import freshness, sections
 
 KEEP_NOTEBOOK_METADATA = ("kernelspec", "language_info", "nbgrader", "course")
 KEEP_CELL_METADATA = ("nbgrader", "tags")
 KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
 LESSONS = "lessons"  # README block: the lesson table
 LESSONS_RECORD = Path("docs/results/lessons.json")
-RENDER_COMMAND = "python -m course_lib.tooling.nbtools render notebooks/*.ipynb --readme README.md"
-MEASURE_COMMAND = "python -m course_lib.tooling.nbtools execute notebooks/*.ipynb --readme README.md"
+RENDER_COMMAND = "python -m course_tools.nbtools render notebooks/*.ipynb --readme README.md"
+MEASURE_COMMAND = "python -m course_tools.nbtools execute notebooks/*.ipynb --readme README.md"
 # The sentence of a lesson's first markdown cell that states its run time; the writer owns it.
 RUNTIME_SENTENCE = re.compile(
     r"(?:\S+ と )?CPU(?:（\d+ コア）| )で約 \d+ 秒（計測: [^、）]*、README の表と同じ値）"
 )
 LESSONS_ABOUT = (
-    "Run time of each lesson notebook (seconds, date, machine), written by `python -m course_lib.tooling.nbtools "
+    "Run time of each lesson notebook (seconds, date, machine), written by `python -m course_tools.nbtools "
     "execute notebooks/*.ipynb --readme README.md`. README's lesson table and each lesson's run-time sentence "
-    "are rendered from it; `python -m course_lib.tooling.nbtools render notebooks/*.ipynb --readme README.md` renders "
+    "are rendered from it; `python -m course_tools.nbtools render notebooks/*.ipynb --readme README.md` renders "
     "them again without running anything. See docs/results/README.md."
 )
 _LESSON_ROW = re.compile(r"\| `notebooks/([^`]+)` \|")
-_FOOTER = "Run times measured by `python -m course_lib.tooling.nbtools execute` on "
+_FOOTER = "Run times measured by `python -m course_tools.nbtools execute` on "
 
 
 def source_hash(nb: nbformat.NotebookNode) -> str:
@@ -112,7 +112,7 @@ def stale_reason(nb: nbformat.NotebookNode) -> str | None:
     """Why the committed outputs do not belong to the code (None when they do)."""
     stamped = nb.metadata.get("course", {}).get("source_hash")
     if stamped is None:
-        return "it was never executed with `python -m course_lib.tooling.nbtools execute`"
+        return "it was never executed with `python -m course_tools.nbtools execute`"
     if stamped != source_hash(nb):
         return "its code changed after its outputs were produced"
     changed = freshness.stale_modules(nb)
@@ -176,7 +176,7 @@ def render_lessons_table(body: str, record: dict[str, Any], where: str = "README
             if name not in notebooks:
                 raise sections.SectionError(
                     f"{where} lists notebooks/{name} but its record has no run time for it: run "
-                    f"`python -m course_lib.tooling.nbtools execute notebooks/{name} --readme README.md`."
+                    f"`python -m course_tools.nbtools execute notebooks/{name} --readme README.md`."
                 )
             cells = line.rstrip().rstrip("|").split("|")
             cells[-1] = f" {notebooks[name]['seconds']:.0f} s "
@@ -249,7 +249,7 @@ def render_run_times(
         if path.name not in entries:
             raise sections.SectionError(
                 f"{path}: no run time recorded for it: run "
-                f"`python -m course_lib.tooling.nbtools execute {path} --readme README.md`."
+                f"`python -m course_tools.nbtools execute {path} --readme README.md`."
             )
         nb = nbformat.read(path, as_version=4)
         if render_header(nb, entries[path.name], str(path)):
@@ -319,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "check":
             reason = stale_reason(nbformat.read(path, as_version=4))
             if reason:
-                print(f"{path}: stale: {reason}. Run `python -m course_lib.tooling.nbtools execute {path}`.")
+                print(f"{path}: stale: {reason}. Run `python -m course_tools.nbtools execute {path}`.")
                 status = 1
     notebooks = [p for p in args.paths if p.is_file()]
     try:
@@ -330,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
             render_run_times(record, args.readme, notebooks)
         elif args.command == "render":
             record = sections.load_record(args.from_json, MEASURE_COMMAND)
-            fix = f"python -m course_lib.tooling.nbtools render {' '.join(map(str, args.paths))}"
+            fix = f"python -m course_tools.nbtools render {' '.join(map(str, args.paths))}"
             fix += f" --readme {args.readme}" if args.readme else ""
             fix += f" --from-json {args.from_json}" if args.from_json != LESSONS_RECORD else ""
             problems = render_run_times(record, args.readme, notebooks, check=args.check, fix=fix)

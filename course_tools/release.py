@@ -1,9 +1,9 @@
 """Generate the student release exercises/ from the nbgrader source solutions/, and check it for drift.
 
-    python -m course_lib.tooling.release                     # regenerate exercises/ for every assignment
-    python -m course_lib.tooling.release 02_distributed_concepts
-    python -m course_lib.tooling.release --check             # exit 1 if exercises/ is stale against solutions/
-    python -m course_lib.tooling.release --answers 00_intro --out DIR   # the release with the reference answers filled in
+    python -m course_tools.release                     # regenerate exercises/ for every assignment
+    python -m course_tools.release 02_distributed_concepts
+    python -m course_tools.release --check             # exit 1 if exercises/ is stale against solutions/
+    python -m course_tools.release --answers 00_intro --out DIR   # the release with the reference answers filled in
 
 Run it from the course root (the folder with nbgrader_config.py) or pass --root. nbgrader's
 generate_assignment runs in a temporary copy without a gradebook, so this never touches gradebook.db
@@ -190,7 +190,7 @@ def write_answers(root: Path, assignment: str, out: Path) -> Path:
     release = root / RELEASE / name / f"{name}.ipynb"
     if not release.is_file():
         raise FileNotFoundError(
-            f"No release at {release}: run `python -m course_lib.tooling.release {name}` first."
+            f"No release at {release}: run `python -m course_tools.release {name}` first."
         )
     source = nbformat.read(root / SOURCE / name / f"{name}.ipynb", as_version=4)
     filled = fill_answers(nbformat.read(release, as_version=4), source)
@@ -202,7 +202,7 @@ def write_answers(root: Path, assignment: str, out: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m course_lib.tooling.release",
+        prog="python -m course_tools.release",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
             if problems:
                 print(f"{RELEASE}/ is stale against {SOURCE}/:", *problems, sep="\n  ")
                 print(
-                    "Regenerate it with `make release` (python -m course_lib.tooling.release) and commit the result."
+                    "Regenerate it with `make release` (python -m course_tools.release) and commit the result."
                 )
                 return 1
             print(f"{RELEASE}/ is up to date with {SOURCE}/.")

@@ -1,4 +1,4 @@
-"""Rebuild the embedded pretrained checkpoint: ``python -m course_lib.tooling.build_assets``.
+"""Rebuild the embedded pretrained checkpoint: ``python -m course_tools.build_assets``.
 
 Steps (all offline, deterministic for a given torch build and thread count):
 1. Train a lower-cased WordPiece vocabulary on the course's own pretraining corpus: unlabelled

@@ -1,11 +1,13 @@
-"""Course maintenance: what instructors and maintainers run, never the lessons.
+"""Course maintenance: what instructors and maintainers run, never the lessons (``course_lib`` is theirs).
+
+This package imports ``course_lib``; ``course_lib`` never imports it (``tests/test_audiences.py``).
 
 release       generate the student release ``exercises/`` from ``solutions/``; check it for drift
-check         a learner's self-check of an exercise notebook (``make check NB=...``)
 grading       nbgrader preprocessors the course's grading uses (``nbgrader_config.py``)
 nbtools       execute lessons in place, strip metadata, detect stale outputs, record run times
 freshness     what a lesson's outputs depend on (its course_lib modules, pinned libraries); explained stderr
-sections      generated sections of the docs: one writer each, rendered from a record, drift checks
+sections      generated sections of the docs: rendered from a committed record, drift checks
+experiments   measure what pretraining buys (README's "pretrained" block and its record)
 build_assets  rebuild the embedded pretrained checkpoint (about 17 minutes on 2 CPU cores)
 build_media_assets  build lesson 01b's tiny ViT and wav2vec2 checkpoints (random weights, seconds)
 """

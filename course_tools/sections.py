@@ -10,12 +10,14 @@ outside ``` code fences::
 Every block is rendered from a record committed in ``docs/results/`` (what was measured, on which
 machine, when), so it can be written again without measuring, and checked for drift:
 
-    python -m course_lib.tooling.sections check   # exit 1 when a block differs from what its record renders
-    python -m course_lib.tooling.sections list    # which command writes which block, from which record
+    python -m course_tools.sections check         # exit 1 when a block differs from what its record renders
+    python -m course_tools.sections render bench  # write a block again from its record (no measuring)
+    python -m course_tools.sections list          # which command writes which block, from which record
 
-``find_block``, ``replace_block``, ``write_block`` and ``check_block`` are what the writers
-(``course_lib.tooling.nbtools``, ``course_lib.cli.experiments``, ``course_lib.benchmark``) use; none of them
-handles marker lines itself.
+A section's text comes from a function of ``course_lib`` (the same report a learner's command prints)
+or of this package; ``find_block``, ``replace_block``, ``write_block`` and ``check_block`` are the only
+code that handles marker lines. ``course_lib`` never imports this module: its commands measure and
+write a record (``--json``), and this module puts the record into the files.
 """
 
 from __future__ import annotations
@@ -169,55 +171,6 @@ def check_block(path: str | Path, name: str, body: str, fix: str) -> str | None:
     )
 
 
-def add_writer_arguments(parser: argparse.ArgumentParser, name: str, record: str, plot: str) -> None:
-    """The output flags every measuring writer shares: --json, --markdown, --plot, --readme, --from-json,
-    --check (the rules between them: ``check_writer_args``)."""
-    start, end = markers(name)
-    parser.add_argument(
-        "--json", metavar="PATH", help=f"write the run's record (settings, machine, rows), e.g. {record}"
-    )
-    parser.add_argument("--markdown", metavar="PATH", help="write the markdown report")
-    parser.add_argument("--plot", metavar="PATH", help=f"write {plot} (PNG)")
-    parser.add_argument(
-        "--readme",
-        metavar="PATH",
-        action="append",
-        help=f"put the report between {start} and {end} of this file (repeatable); after measuring, the "
-        f"record goes to --json or {record}",
-    )
-    parser.add_argument(
-        "--from-json",
-        metavar="PATH",
-        help="no measuring: render --readme/--markdown/--plot from this record (measuring flags are ignored)",
-    )
-    parser.add_argument(
-        "--check", action="store_true", help="with --from-json: only compare the --readme files"
-    )
-
-
-def check_writer_args(readmes: list, name: str, record: str, check: bool, from_json, json_out) -> None:
-    """The argument rules every writer shares: a section's files exist with their markers (said before
-    any measuring), ``--check`` needs ``--from-json`` and ``--readme``, ``--json`` needs a measurement."""
-    for path in readmes:
-        read_block(path, name)
-    if check and not (from_json and readmes):
-        raise ValueError(f"--check compares files with a record: add --from-json {record} and --readme FILE.")
-    if from_json and json_out:
-        raise ValueError("--json writes a new measurement; with --from-json nothing is measured.")
-
-
-def report_drift(readmes: list, name: str, body: str, from_json, command: str) -> int:
-    """``--check``: compare each file's ``name`` section with ``body``; print what differs; exit status."""
-    fix = f"{command} --from-json {from_json}" + "".join(f" --readme {p}" for p in readmes)
-    problems = [check_block(path, name, body, fix) for path in readmes]
-    for problem in filter(None, problems):
-        print(problem, file=sys.stderr)
-    if any(problems):
-        return 1
-    print(f"{', '.join(str(p) for p in readmes)}: the {name} section is up to date with {from_json}")
-    return 0
-
-
 def load_record(path: str | Path, measure: str) -> dict:
     """The JSON record at ``path``; a missing one raises an error naming the command that writes it."""
     path = Path(path)
@@ -239,14 +192,20 @@ def write_record(path: str | Path, record: dict) -> None:
 
 @dataclass(frozen=True)
 class Generated:
-    """One kind of generated section: where it lives, its record, and the commands that write it."""
+    """One kind of generated section: where it lives, its record, how it is measured and rendered."""
 
     name: str
     files: tuple[str, ...]
     record: str
-    render: str  # re-render from the record, no measuring
-    measure: str  # measure, write the record and render
-    checker: str  # "module:function", called with the repository root; returns the problems found
+    measure: str  # measure, write the record, render
+    renderer: str = ""  # "module:function": the record -> the block's text, the same in every file
+    checker: str = ""  # "module:function" with its own rules (lessons: README table and notebook headers)
+    render_command: str = ""  # for a section with its own checker: how to re-render it
+
+    @property
+    def render(self) -> str:
+        """Re-render the section from its record, no measuring."""
+        return self.render_command or f"python -m course_tools.sections render {self.name}"
 
 
 GENERATED: tuple[Generated, ...] = (
@@ -254,48 +213,80 @@ GENERATED: tuple[Generated, ...] = (
         "lessons",
         ("README.md", "notebooks/0*.ipynb (header sentence)"),
         "docs/results/lessons.json",
-        "python -m course_lib.tooling.nbtools render notebooks/*.ipynb --readme README.md",
-        "python -m course_lib.tooling.nbtools execute notebooks/*.ipynb --readme README.md",
-        "course_lib.tooling.nbtools:check_committed",
+        "python -m course_tools.nbtools execute notebooks/*.ipynb --readme README.md",
+        checker="course_tools.nbtools:check_committed",
+        render_command="python -m course_tools.nbtools render notebooks/*.ipynb --readme README.md",
     ),
     Generated(
         "pretrained",
         ("README.md",),
         "docs/results/pretrained.json",
-        "python -m course_lib.cli.experiments --from-json docs/results/pretrained.json --readme README.md",
-        "python -m course_lib.cli.experiments --readme README.md",
-        "course_lib.cli.experiments:check_committed",
+        "python -m course_tools.experiments --json docs/results/pretrained.json"
+        " && python -m course_tools.sections render pretrained",
+        renderer="course_tools.experiments:render_report",
     ),
     Generated(
         "bench",
         ("README.md", "docs/benchmark.md"),
         "docs/results/bench.json",
-        "python -m course_lib.cli.bench --from-json docs/results/bench.json --readme README.md --readme docs/benchmark.md",
-        "python -m course_lib.cli.bench --json docs/results/bench.json --readme README.md --readme docs/benchmark.md",
-        "course_lib.benchmark.report:check_committed",
+        "python -m course_lib.cli.bench --json docs/results/bench.json && python -m course_tools.sections render bench",
+        renderer="course_lib.benchmark.report:report_from_record",
     ),
     Generated(
         "recipe",
         ("README.md",),
         "docs/results/recipe.json",
-        "python -m course_lib.cli.recipe --from-json docs/results/recipe.json --readme README.md",
-        "python -m course_lib.cli.recipe --json docs/results/recipe.json --readme README.md",
-        "course_lib.benchmark.recipe:check_committed",
+        "python -m course_lib.cli.recipe --json docs/results/recipe.json"
+        " && python -m course_tools.sections render recipe",
+        renderer="course_lib.benchmark.recipe:markdown_report",
     ),
 )
 
 
-def _checker(spec: str) -> Callable[[Path], list[str]]:
+def _function(spec: str) -> Callable:
     module, function = spec.split(":")
     return getattr(importlib.import_module(module), function)
 
 
-def check_all(root: str | Path = ".") -> list[str]:
-    """Every problem of every generated section under ``root`` (empty when all are up to date)."""
-    problems = []
+def generated(name: str) -> Generated:
+    """The generated section called ``name``; an unknown name raises an error listing the known ones."""
     for gen in GENERATED:
+        if gen.name == name:
+            return gen
+    raise ValueError(f"no generated section {name!r}: use one of {', '.join(g.name for g in GENERATED)}.")
+
+
+def rendered(gen: Generated, root: str | Path = ".") -> str:
+    """The text ``gen``'s record under ``root`` renders (a missing record names its measuring command)."""
+    return _function(gen.renderer)(load_record(Path(root) / gen.record, gen.measure))
+
+
+def check_section(gen: Generated, root: str | Path = ".") -> list[str]:
+    """What differs between ``gen``'s blocks under ``root`` and what its record renders (empty: none)."""
+    if gen.checker:
+        return _function(gen.checker)(Path(root))
+    body = rendered(gen, root)
+    problems = [check_block(Path(root) / name, gen.name, body, gen.render) for name in gen.files]
+    return [p for p in problems if p]
+
+
+def render_section(gen: Generated, root: str | Path = ".") -> list[str]:
+    """Write ``gen``'s blocks under ``root`` from its record; the files that changed."""
+    if gen.checker:
+        raise ValueError(f"the {gen.name} section has its own writer: run `{gen.render}`.")
+    body = rendered(gen, root)  # every file's markers are read before any is written
+    paths = [Path(root) / name for name in gen.files]
+    for path in paths:
+        read_block(path, gen.name)
+    return [str(path) for path in paths if write_block(path, gen.name, body)]
+
+
+def check_all(root: str | Path = ".", sections: tuple[Generated, ...] | list = GENERATED) -> list[str]:
+    """Every problem of the generated ``sections`` under ``root`` (empty when all are up to date)."""
+    problems = []
+    for gen in sections:
         try:
-            problems += _checker(gen.checker)(Path(root))
+            problems += check_section(gen, root)
         except (ValueError, FileNotFoundError, KeyError) as err:
             problems.append(f"{gen.name}: {err}")
     return problems
@@ -303,9 +294,10 @@ def check_all(root: str | Path = ".") -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m course_lib.tooling.sections", description=__doc__.splitlines()[0]
+        prog="python -m course_tools.sections", description=__doc__.splitlines()[0]
     )
-    parser.add_argument("command", choices=["check", "list"])
+    parser.add_argument("command", choices=["check", "list", "render"])
+    parser.add_argument("names", nargs="*", help="render: the sections to write (check: all by default)")
     parser.add_argument("--root", type=Path, default=Path("."), help="repository root (default: here)")
     args = parser.parse_args(argv)
     if args.command == "list":
@@ -315,7 +307,19 @@ def main(argv: list[str] | None = None) -> int:
                 f"  measure: {gen.measure}"
             )
         return 0
-    problems = check_all(args.root)
+    try:
+        chosen = [generated(name) for name in args.names]
+        if args.command == "render":
+            if not chosen:
+                raise ValueError(f"name the sections to render, from {', '.join(g.name for g in GENERATED)}.")
+            for gen in chosen:
+                changed = render_section(gen, args.root)
+                print(f"{gen.name}: {', '.join(changed) if changed else 'already up to date'}")
+            return 0
+    except (ValueError, FileNotFoundError, KeyError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    problems = check_all(args.root, chosen or GENERATED)
     for problem in problems:
         print(problem, file=sys.stderr)
     if not problems:

@@ -1,6 +1,6 @@
 """The learner's self-check: run an exercise notebook in a temporary copy and show its test results.
 
-    python -m course_lib.tooling.check exercises/01_device_placement/01_device_placement.ipynb
+    python -m course_lib.cli.check exercises/01_device_placement/01_device_placement.ipynb
     make check NB=exercises/01_device_placement/01_device_placement.ipynb
     course-check exercises/01_device_placement/01_device_placement.ipynb
 
@@ -264,7 +264,7 @@ def format_report(report: CheckReport) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m course_lib.tooling.check",
+        prog="python -m course_lib.cli.check",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
