@@ -105,3 +105,13 @@ def test_build_writes_a_loadable_checkpoint_and_its_report(tmp_path):
     tokenizer = AutoTokenizer.from_pretrained(tmp_path)
     logits = model(**tokenizer("a b", "c d", return_tensors="pt")).logits
     assert logits.shape == (1, 2)
+
+
+def test_the_committed_recipe_is_the_builders_default():
+    """Lesson 01's demo reads the recipe from the checkpoint's pretraining.json, the builder from
+    ``PretrainConfig``: the two must agree, or the held-out pairs the demo uses were trained on."""
+    from dataclasses import asdict
+
+    from course_lib.demos.pretraining import pretraining_recipe
+
+    assert pretraining_recipe() == asdict(build_assets.PretrainConfig())
