@@ -101,3 +101,52 @@ def test_stopwatch_laps_are_the_time_between_readings_and_time_fn_counts_its_cal
     assert len(calls) == 7 and len(result.times) == 5  # the median itself: tests/test_bench.py, faked clock
     with pytest.raises(ValueError, match="repeat must be >= 1"):
         time_fn(lambda: None, repeat=0)
+
+
+def test_tensor_bytes_and_optimizer_state_by_key_sum_to_the_total():
+    from course_lib.instruments.memory import (
+        optimizer_state_bytes,
+        optimizer_state_bytes_by_key,
+        tensor_bytes,
+    )
+
+    assert tensor_bytes([torch.zeros(10), torch.zeros(3, dtype=torch.bfloat16)]) == 40 + 6
+    assert tensor_bytes([]) == 0
+    layer = torch.nn.Linear(4, 3)
+    optimizer = torch.optim.AdamW(layer.parameters())
+    assert optimizer_state_bytes_by_key(optimizer) == {} and optimizer_state_bytes(optimizer) == 0
+    layer(torch.randn(2, 4)).sum().backward()
+    optimizer.step()
+    n = sum(p.numel() for p in layer.parameters())
+    assert optimizer_state_bytes_by_key(optimizer) == {"exp_avg": 4 * n, "exp_avg_sq": 4 * n}  # no "step"
+    assert optimizer_state_bytes(optimizer) == 8 * n
+
+
+def test_saved_tensors_counts_each_storage_once_and_keeps_the_tensors_when_asked():
+    from course_lib.instruments.memory import SavedTensors, saved_tensor_bytes
+
+    w = torch.randn(8, 8, requires_grad=True)
+    x = torch.randn(4, 8)
+    with SavedTensors(keep=True) as saved:
+        y = (x @ w).relu()
+    storages = {t.untyped_storage().data_ptr() for t in saved.tensors}
+    assert storages == {x.untyped_storage().data_ptr(), y.untyped_storage().data_ptr()}  # matmul: x; relu: y
+    assert saved.by_dtype == {"float32": 2 * 4 * 8 * 4}  # each storage once
+    assert saved.bytes == saved_tensor_bytes(lambda: (x @ w).relu())
+    assert SavedTensors().tensors == []  # keep=False: counts only
+    y.sum().backward()
+
+
+def test_collective_log_records_calls_bytes_and_dtypes_per_kind():
+    from course_lib.instruments.comm import KINDS, CollectiveLog
+
+    log = CollectiveLog()
+    log.record("all-reduce", torch.zeros(10))
+    log.record("all-reduce", torch.zeros(10, dtype=torch.float16))
+    log.record("broadcast", torch.zeros(2, dtype=torch.int64))
+    assert (log.calls["all-reduce"], log.bytes["all-reduce"]) == (2, 60)
+    assert log.dtypes == {
+        **{k: set() for k in KINDS},
+        "all-reduce": {"float32", "float16"},
+        "broadcast": {"int64"},
+    }

@@ -35,9 +35,9 @@ from course_lib.training.ddp import COMM_HOOKS
 
 MIB = 2**20
 SYNCS = ("ddp", "accum", "local_sgd")
-FP32 = (
-    "fp32"  # the label of COMM_HOOKS' "none": DDP's own fp32 all-reduce (run as a Python hook, to count it)
-)
+# The comm hooks are the training loop's (training.ddp.COMM_HOOKS); its "none", DDP's own fp32 all-reduce,
+# is labelled "fp32" here and run as the Python hook that does the same, so that it can be counted.
+FP32 = "fp32"
 HOOKS = tuple(FP32 if name == "none" else name for name in COMM_HOOKS)  # ("fp32", "fp16", "bf16")
 
 
