@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from course_lib.devices import seed_everything
+from course_lib.training import fsdp
 
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 NESTED = "/"  # joins a nested state entry's keys in an optimizer file (bitsandbytes' quantisation state)
@@ -101,6 +102,11 @@ def save_optimizer_state(state: dict, path: Path) -> None:
 
 def load_optimizer(optimizer: torch.optim.Optimizer, path: Path) -> None:
     """Inverse of ``save_optimizer``."""
+    optimizer.load_state_dict(read_optimizer_state(path))
+
+
+def read_optimizer_state(path: Path) -> dict:
+    """The optimizer ``state_dict`` that ``save_optimizer_state`` wrote to ``path``."""
     from safetensors import safe_open
 
     state: dict[int, dict[str, Any]] = {}
@@ -120,7 +126,32 @@ def load_optimizer(optimizer: torch.optim.Optimizer, path: Path) -> None:
             put(index, key, f.get_tensor(name))
     for name, value in json.loads(metadata["other"]).items():
         put(*name.split(".", 1), value)
-    optimizer.load_state_dict({"state": state, "param_groups": json.loads(metadata["param_groups"])})
+    return {"state": state, "param_groups": json.loads(metadata["param_groups"])}
+
+
+def _by_position(state: dict) -> dict:
+    """A full FSDP optimizer state (keyed by parameter name) keyed by position instead, as DDP's is;
+    the param groups keep the names, so ``_by_name`` can undo it."""
+    position = {name: i for i, name in enumerate(n for g in state["param_groups"] for n in g["params"])}
+    return {
+        "state": {position[n]: v for n, v in state["state"].items()},
+        "param_groups": state["param_groups"],
+    }
+
+
+def _by_name(state: dict, path: Path) -> dict:
+    names = [n for g in state["param_groups"] for n in g["params"]]
+    if not all(isinstance(n, str) for n in names):
+        raise ValueError(
+            f"{path} holds the optimizer state of a run without --fsdp (parameters by position, not by "
+            "name): resume it without --fsdp, or start the FSDP run afresh."
+        )
+    return {"state": {names[i]: v for i, v in state["state"].items()}, "param_groups": state["param_groups"]}
+
+
+def _tensors(state: dict) -> dict[str, torch.Tensor]:
+    """A model state dict for ``save_file``: contiguous copies (tied weights share no storage then)."""
+    return {k: v.detach().cpu().contiguous().clone() for k, v in state.items()}
 
 
 def rng_state(device: torch.device) -> dict[str, torch.Tensor]:
@@ -163,12 +194,18 @@ def save_checkpoint(
 
     rngs = gather_object([rng_state(accelerator.device)])  # collective: every rank calls it
     states = gather_object([_cpu_state(optimizer)]) if per_rank_optimizer else []  # collective
+    # FSDP: the full model and optimizer state, gathered on rank 0 (collective; any world size resumes it)
+    sharded = fsdp.full_state(model, optimizer) if fsdp.is_sharded(model) else None
     final = checkpoint_dir(output_dir, step)
     if accelerator.is_main_process:
 
         def write(folder: Path) -> None:
-            save_model(model, str(folder / "model.safetensors"))
-            save_optimizer(optimizer, folder / "optimizer.safetensors")
+            if sharded is None:
+                save_model(model, str(folder / "model.safetensors"))
+                save_optimizer(optimizer, folder / "optimizer.safetensors")
+            else:
+                save_file(_tensors(sharded[0]), str(folder / "model.safetensors"))
+                save_optimizer_state(_by_position(sharded[1]), folder / "optimizer.safetensors")
             for rank, state in enumerate(states):
                 save_optimizer_state(state, folder / f"optimizer-rank{rank}.safetensors")
             save_file(
@@ -194,13 +231,24 @@ def save_checkpoint(
 def load_checkpoint(path: Path, model, optimizer, accelerator) -> int:
     """Restore model, optimizer, scaler and this rank's RNG state from ``path``; return its step."""
     from safetensors import safe_open
-    from safetensors.torch import load_model
+    from safetensors.torch import load_file, load_model
 
     state = json.loads((path / "state.json").read_text())
-    load_model(model, str(path / "model.safetensors"), device="cpu")
     own = path / f"optimizer-rank{accelerator.process_index}.safetensors"
     same_world = state["world_size"] == accelerator.num_processes
-    load_optimizer(optimizer, own if same_world and own.is_file() else path / "optimizer.safetensors")
+    if fsdp.is_sharded(model):  # every rank reads the full state and keeps its shards
+        optimizer_state = _by_name(read_optimizer_state(path / "optimizer.safetensors"), path)
+        fsdp.load_full_state(model, optimizer, load_file(str(path / "model.safetensors")), optimizer_state)
+    else:
+        load_model(model, str(path / "model.safetensors"), device="cpu")
+        optimizer_state = read_optimizer_state(
+            own if same_world and own.is_file() else path / "optimizer.safetensors"
+        )
+        if any(isinstance(n, str) for g in optimizer_state["param_groups"] for n in g["params"]):
+            raise ValueError(
+                f"{path} was written by an --fsdp run (parameters by name): resume it with --fsdp."
+            )
+        optimizer.load_state_dict(optimizer_state)
     if accelerator.scaler is not None and state.get("scaler"):
         accelerator.scaler.load_state_dict(state["scaler"])
     if state["world_size"] == accelerator.num_processes:
@@ -222,13 +270,14 @@ def load_checkpoint(path: Path, model, optimizer, accelerator) -> int:
 def save_final_model(output_dir: str | Path, model, tokenizer, accelerator) -> Path:
     """``<output_dir>/final``: a Hugging Face folder ``course_lib.models.load_model`` can load."""
     final = Path(output_dir) / "final"
+    full = fsdp.full_state(model, None)[0] if fsdp.is_sharded(model) else None  # collective under FSDP
     if accelerator.is_main_process:
 
         def write(folder: Path) -> None:
             from transformers.utils import logging as hf_logging
 
             hf_logging.disable_progress_bar()  # a "Writing model shards" bar for one small file
-            model.save_pretrained(folder)
+            model.save_pretrained(folder, state_dict=full)
             tokenizer.save_pretrained(folder)
 
         _write_atomically(final, write)

@@ -21,6 +21,7 @@ TECHNIQUES = (
     "checkpointing",
     "local_sgd",
     "kernels",
+    "fsdp",
 )
 
 

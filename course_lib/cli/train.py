@@ -33,6 +33,7 @@ from course_lib import checkpoints, data, models, training
 from course_lib.devices import seed_everything
 from course_lib.instruments.throughput import format_per_process, per_process_throughput
 from course_lib.mixed_precision import best_precision, normalize_precision
+from course_lib.training import fsdp
 from course_lib.training.ddp import COMM_HOOKS
 
 EXIT_BAD_INPUT = 2
@@ -51,6 +52,7 @@ class RunConfig:
     epochs: int = 1
     max_steps: int | None = None  # optimizer steps; None: all epochs
     lr: float = 5e-4
+    max_grad_norm: float | None = 1.0
     seed: int = 0
     train_rows: int | None = None  # first N training rows; None: all
     eval_rows: int | None = None  # first N validation rows; None: all
@@ -67,6 +69,7 @@ class RunConfig:
     gradient_checkpointing: bool = False
     local_sgd_steps: int | None = None  # average parameters every N steps instead of gradients every step
     comm_hook: str = "none"  # "none" | "fp16" | "bf16" (NCCL only): 16-bit gradients on the wire
+    fsdp: bool = False  # shard parameters, gradients and optimizer state over the processes (FSDP2)
     padding: str = (
         "dynamic"  # "dynamic" (each batch to its longest row) | "max_length" (every batch to max_length)
     )
@@ -138,6 +141,9 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
     p.add_argument("--epochs", type=int, default=d.epochs)
     p.add_argument("--max-steps", type=int, default=d.max_steps, help="optimizer steps (overrides --epochs)")
     p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument(
+        "--max-grad-norm", type=float, default=d.max_grad_norm, help="clip the gradients' global norm"
+    )
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument(
         "--train-rows", type=int, default=d.train_rows, help="first N training rows (default: all)"
@@ -183,6 +189,11 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
         default=d.comm_hook,
         choices=list(COMM_HOOKS),
         help="N processes: all-reduce gradients in 16 bits (bf16 needs NCCL, i.e. GPUs)",
+    )
+    techniques.add_argument(
+        "--fsdp",
+        action="store_true",
+        help="N processes: shard parameters, gradients and AdamW state (FSDP2 fully_shard) instead of DDP",
     )
     recipe = p.add_argument_group(
         "recipe switches (lesson 07: python -m course_lib.cli.recipe prints a line)"
@@ -310,6 +321,8 @@ def total_steps(cfg: RunConfig, batches_per_epoch: int) -> int:
 
 def run(cfg: RunConfig) -> dict[str, Any]:
     """Train per ``cfg`` in this process (one rank of however many the launcher started)."""
+    from accelerate.utils import gather_object
+
     accelerator = make_accelerator(cfg)
     threads = set_cpu_threads() if accelerator.device.type == "cpu" else torch.get_num_threads()
     log = accelerator.print  # the main process only
@@ -323,7 +336,12 @@ def run(cfg: RunConfig) -> dict[str, Any]:
     with accelerator.main_process_first():  # a hub download happens once
         tokenizer, train_split, val_split = load_splits(cfg)
         model = models.load_model(cfg.model)
+    n_params = sum(p.numel() for p in model.parameters())
     train_loader, eval_loader = make_loaders(cfg, accelerator, tokenizer, train_split, val_split)
+    if cfg.fsdp or fsdp.accelerator_shards(accelerator):  # before the optimizer: it holds the shards
+        fsdp.shard_model(model.to(accelerator.device))
+    held = gather_object([fsdp.local_numel(model)])  # parameters each rank holds (collective)
+    log(f"parameters: {n_params}, held per process: {held}")
     fused = {"auto": None, "yes": True, "no": False}[cfg.fused_adamw]
     optimizer = training.make_optimizer(model, cfg.lr, weight_decay=0.01, fused=fused, name=cfg.optimizer)
     steps = total_steps(cfg, len(train_loader))
@@ -367,6 +385,7 @@ def run(cfg: RunConfig) -> dict[str, Any]:
         epochs=cfg.epochs,
         max_steps=cfg.max_steps,
         lr=cfg.lr,
+        max_grad_norm=cfg.max_grad_norm,
         precision=accelerator.mixed_precision,
         grad_accum_steps=cfg.grad_accum_steps,
         seed=cfg.seed,
@@ -378,6 +397,7 @@ def run(cfg: RunConfig) -> dict[str, Any]:
         comm_hook=cfg.comm_hook,
         attn_implementation=cfg.attn_implementation,
         compile=cfg.compile,
+        fsdp=cfg.fsdp,
         compile_dynamic=True if cfg.compile and cfg.padding == "dynamic" else None,
     )
     started = time.perf_counter()
@@ -402,11 +422,14 @@ def run(cfg: RunConfig) -> dict[str, Any]:
         "device": accelerator.device.type,
         "precision": accelerator.mixed_precision,
         "threads_per_process": threads,
+        "parameters": n_params,
+        "parameters_per_process": held,
         "global_batch": global_batch,
         "start_step": start_step,
         "steps_run": len(history.losses),
         "wall_s": wall_s,
         "losses": history.losses,
+        "grad_norms": history.grad_norms,
         "evals": history.evals,
         **tp,
     }

@@ -26,6 +26,7 @@ from course_lib.devices import to_device
 from course_lib.distributed import disable_dropout, rank_device, shard_indices
 from course_lib.instruments.comm import KINDS, CollectiveLog, counting_collectives
 from course_lib.instruments.memory import optimizer_state_bytes
+from course_lib.training.fsdp import shard_model
 
 STRATEGIES = ("ddp", "zero1", "fsdp_no_reshard", "fsdp")
 # memory_model's stage of what each holds between steps (FSDP keeps shards at rest either way)
@@ -80,7 +81,6 @@ def _nbytes(tensors) -> int:
 def _wrap(strategy: str, model: torch.nn.Module, lr: float):
     """The model and optimizer of one strategy (AdamW, no weight decay, the for-loop implementation)."""
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-    from torch.distributed.fsdp import fully_shard
     from torch.distributed.optim import ZeroRedundancyOptimizer
     from torch.nn.parallel import DistributedDataParallel
 
@@ -92,9 +92,7 @@ def _wrap(strategy: str, model: torch.nn.Module, lr: float):
             return ddp, torch.optim.AdamW(ddp.parameters(), **adamw)
         return ddp, ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.AdamW, **adamw)
     reshard = strategy == "fsdp"  # fsdp_no_reshard: keep the gathered parameters until backward
-    for block in model.distilbert.transformer.layer:
-        fully_shard(block, reshard_after_forward=reshard)
-    fully_shard(model, reshard_after_forward=reshard)
+    shard_model(model, reshard_after_forward=reshard)  # each transformer block, then the model
     return model, torch.optim.AdamW(model.parameters(), **adamw)
 
 

@@ -9,6 +9,7 @@ clip         [clip] gradient clipping on unscaled gradients
 resume       [resume] continue a checkpointed run from an optimizer step
 optim        [optim] AdamW (fused where torch has the kernel), Adafactor, 8-bit AdamW; the schedule
 checkpointing  [checkpointing] gradient (activation) checkpointing of a Hugging Face model
+fsdp         [fsdp] shard parameters, gradients and optimizer state over the ranks (FSDP2 fully_shard)
 local_sgd    [local_sgd] average parameters every N steps instead of gradients every step
 kernels      [kernels] attention implementation (eager, SDPA) and torch.compile: same function, other kernels
 metrics      ``evaluate`` and ``accuracy_f1``

@@ -10,6 +10,8 @@ from __future__ import annotations
 import warnings
 from contextlib import AbstractContextManager, nullcontext
 
+from course_lib.training.fsdp import accelerator_shards, is_sharded
+
 
 class AcceleratorSteps:
     """The loop's device, precision, backward and step, delegated to an ``Accelerator``."""
@@ -21,7 +23,12 @@ class AcceleratorSteps:
 
     def prepare(self, model, optimizer, train_dataloader, eval_dataloader):
         # The scheduler is not prepared: Accelerate would step it once per process per step.
-        model, optimizer, train_dataloader = self.accelerator.prepare(model, optimizer, train_dataloader)
+        if is_sharded(model) and not accelerator_shards(self.accelerator):  # [fsdp] sharded by the loop
+            # evaluation_mode: autocast only; Accelerate would wrap the sharded model in DDP on CPUs.
+            model = self.accelerator.prepare_model(model, evaluation_mode=True)
+            optimizer, train_dataloader = self.accelerator.prepare(optimizer, train_dataloader)
+        else:
+            model, optimizer, train_dataloader = self.accelerator.prepare(model, optimizer, train_dataloader)
         if eval_dataloader is not None:
             eval_dataloader = self.accelerator.prepare(eval_dataloader)
         return model, optimizer, train_dataloader, eval_dataloader

@@ -13,6 +13,7 @@ import torch
 
 from course_lib.devices import to_device
 from course_lib.mixed_precision import autocast_dtype
+from course_lib.training.fsdp import is_sharded
 
 
 class TorchAmp:
@@ -25,7 +26,8 @@ class TorchAmp:
         self.scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
 
     def prepare(self, model, optimizer, train_dataloader, eval_dataloader):
-        model.to(self.device)
+        if not is_sharded(model):  # FSDP's shards stay where fully_shard put them  # [fsdp]
+            model.to(self.device)
         return model, optimizer, train_dataloader, eval_dataloader
 
     def to_device(self, batch):

@@ -10,7 +10,8 @@ build with NCCL 2.10+, whatever the backend, and the course allows it on NCCL on
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 
 COMM_HOOKS = ("none", "fp16", "bf16")
 
@@ -43,10 +44,22 @@ def register_comm_hook(model, name: str = "none") -> None:
 
 
 def sync_gradients(model, update: bool) -> AbstractContextManager:
-    """``model.no_sync()`` on a micro-batch that does not end the window (DDP models only)."""
+    """No gradient communication on a micro-batch that does not end the window: DDP's ``no_sync()``,
+    or FSDP2's ``set_requires_gradient_sync(False)`` (its unsharded gradients accumulate until the last)."""
     if not update and hasattr(model, "no_sync"):
         return model.no_sync()
+    if not update and hasattr(model, "set_requires_gradient_sync"):
+        return _fsdp_no_sync(model)  # [fsdp] the reduce-scatter waits for the window's last backward
     return nullcontext()
+
+
+@contextmanager
+def _fsdp_no_sync(model) -> Iterator[None]:
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
 
 
 def set_epoch(dataloader, epoch: int) -> None:

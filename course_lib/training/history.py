@@ -1,4 +1,4 @@
-"""What a training run measured: per-step loss, time and tokens, evaluations, loss-scaler state."""
+"""What a training run measured: per-step loss, time, tokens and gradient norm, evaluations, loss-scaler state."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ class History:
     step_tokens: list[int] = field(default_factory=list)  # padded tokens per optimizer step
     evals: list[dict[str, float]] = field(default_factory=list)
     scaler_scales: list[float] = field(default_factory=list)
+    grad_norms: list[float] = field(default_factory=list)  # global gradient norm before clipping, per step
     skipped_steps: int = 0  # fp16 steps the GradScaler skipped (inf/nan gradients)
 
     def tokens_per_s(self, skip: int = 1) -> float:

@@ -12,6 +12,7 @@ and carries its tag; each tag names the file of this package that holds what the
 * ``# [optim]``       ``optim.py``        the optimizer (AdamW, Adafactor, 8-bit AdamW) and its schedule
 * ``# [checkpointing]`` ``checkpointing.py`` recompute activations in backward instead of keeping them
 * ``# [local_sgd]``   ``local_sgd.py``    average parameters every ``local_sgd_steps`` steps, not gradients
+* ``# [fsdp]``        ``fsdp.py``         shard parameters, gradients and optimizer state over the ranks
 * ``# [kernels]``     ``kernels.py``      the attention implementation and ``torch.compile`` (same function)
 
 Without an ``Accelerator`` the loop runs on ``TorchAmp`` (placement + ``torch.amp``); with one, on
@@ -38,6 +39,7 @@ from course_lib.training.amp import TorchAmp
 from course_lib.training.checkpointing import enable_checkpointing
 from course_lib.training.clip import clip_gradients
 from course_lib.training.ddp import COMM_HOOKS, register_comm_hook, set_epoch, sync_gradients
+from course_lib.training.fsdp import shard_model
 from course_lib.training.history import History
 from course_lib.training.kernels import ATTENTION, compiled, set_attention
 from course_lib.training.local_sgd import local_sgd
@@ -73,6 +75,7 @@ class TrainConfig:
     attn_implementation: str | None = None  # "eager" | "sdpa"; None: as the model was loaded
     compile: bool = False  # torch.compile the model for training (compilation counts in the step times)
     compile_dynamic: bool | None = None  # torch.compile(dynamic=...): True where batch lengths vary
+    fsdp: bool = False  # shard parameters, gradients and optimizer state over the ranks (FSDP2), not DDP
 
     def __post_init__(self) -> None:
         if self.optimizer not in OPTIMIZERS:
@@ -87,6 +90,16 @@ class TrainConfig:
             raise ValueError("Set epochs >= 1 or max_steps >= 1: there is nothing to train.")
         if self.lr <= 0:
             raise ValueError(f"lr must be positive, got {self.lr}.")
+        if self.fsdp and (self.local_sgd_steps is not None or self.comm_hook != "none"):
+            raise ValueError(
+                "fsdp shards the model and reduce-scatters its gradients; local_sgd_steps and comm_hook change "
+                "DDP's gradient all-reduce, which FSDP does not run: use fsdp or those, not both."
+            )
+        if self.fsdp and self.optimizer != "adamw":
+            raise ValueError(
+                f"fsdp runs with optimizer='adamw' only (its state is sharded like the parameters); "
+                f"{self.optimizer!r} is not checked under FSDP here: use adamw, or train without fsdp."
+            )
         if self.attn_implementation not in (None, *ATTENTION):
             raise ValueError(
                 f"attn_implementation must be one of {', '.join(ATTENTION)} (or None), got {self.attn_implementation!r}."
@@ -121,6 +134,9 @@ def train(
     if len(train_dataloader) == 0:
         raise ValueError("The training DataLoader is empty: there is nothing to train on.")
     set_attention(model, cfg.attn_implementation)  # [kernels]
+    model = shard_model(
+        model, cfg.fsdp, accelerator, optimizer
+    )  # before the optimizer: it holds shards  # [fsdp]
     optimizer = optimizer or make_optimizer(  # [optim]
         model, cfg.lr, cfg.weight_decay, fused=cfg.fused_optimizer, name=cfg.optimizer
     )
@@ -170,7 +186,9 @@ def train(
                 if not update:  # [accum]
                     continue
                 if cfg.max_grad_norm:
-                    clip_gradients(steps, model, optimizer, cfg.max_grad_norm)  # [clip]
+                    history.grad_norms.append(
+                        clip_gradients(steps, model, optimizer, cfg.max_grad_norm)
+                    )  # [clip]
                 steps.step(optimizer, history)  # step  # [amp] skipped on inf/nan
                 scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
