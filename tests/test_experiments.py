@@ -52,14 +52,9 @@ def test_pretrained_guess_follows_sentence_1_when_the_fact_is_swapped(example):
     assert not any(row["scratch"] == row["answer"].lower() for row in rows)
 
 
-@pytest.mark.slow
-def test_fine_tuning_from_the_checkpoint_beats_random_init_on_the_same_budget():
-    """The foundation's claim: same data, epochs, batch, lr and seed; pretraining must win clearly."""
-    result = experiments.pretrained_vs_scratch(epochs=1, progress=False)
-    table = experiments.markdown_table(result)
-    pretrained, scratch = result["pretrained"]["accuracy"], result["scratch"]["accuracy"]
-    assert pretrained >= scratch + 0.05, table
-    assert pretrained >= result["majority_accuracy"] + 0.05, table
+# "Fine-tuning from the checkpoint beats random init on the same budget" is checked where it is taught:
+# lesson 01's checked cell (nbval, every `make test`) runs pretrained_vs_scratch and compares both
+# starts with the majority line. A test here ran the same 28 s fine-tune a second time.
 
 
 def test_swap_fact_replaces_the_answer_in_both_sentences():
