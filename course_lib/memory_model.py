@@ -339,8 +339,8 @@ def measure(model: torch.nn.Module, batch: dict, setup: Setup, lr: float = 1e-4)
     in the second forward (``SavedTensors``) and the second step's peak (``TensorPeak``, gradients freed
     before it). The model is trained in place.
     """
+    from course_lib.training.activation_checkpointing import enable_checkpointing
     from course_lib.training.amp import TorchAmp
-    from course_lib.training.checkpointing import enable_checkpointing
     from course_lib.training.optim import make_optimizer
 
     device = next(model.parameters()).device

@@ -18,7 +18,7 @@ TECHNIQUES = (
     "clip",
     "resume",
     "optim",
-    "checkpointing",
+    "activation_checkpointing",
     "local_sgd",
     "kernels",
     "fsdp",
@@ -225,3 +225,92 @@ def test_every_path_the_code_and_docs_name_exists():
         if path.read_text()[end : end + 1] not in "*[<" and not (ROOT / ref).exists()
     )
     assert not missing, f"references to files that do not exist: {missing}"
+
+
+# ---- the loop's backend protocol (course_lib/training/backend.py)
+
+
+def _protocol_members() -> set[str]:
+    from course_lib.training.backend import Backend
+
+    methods = {n for n, v in vars(Backend).items() if callable(v) and not n.startswith("_")}
+    return methods | set(Backend.__annotations__)
+
+
+def _backend_uses(module: str, function: str, name: str = "backend") -> set[str]:
+    """The attributes ``function`` in ``module`` reads or calls on its variable ``name``."""
+    tree = ast.parse(MODULES[module].read_text())
+    fn = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == function)
+    return {
+        n.attr
+        for n in ast.walk(fn)
+        if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == name
+    }
+
+
+def test_the_backend_protocol_lists_exactly_what_the_loop_calls():
+    used = _backend_uses("course_lib.training.loop", "train") | _backend_uses(
+        "course_lib.training.clip", "clip_gradients"
+    )
+    members = _protocol_members()
+    assert used - members == set(), f"the loop calls members Backend does not list: {sorted(used - members)}"
+    assert members - used == set(), f"Backend lists members nothing calls: {sorted(members - used)}"
+    assert len(members) == 10  # seven calls and three attributes, as loop.py's docstring says
+    loop_doc = docstring("course_lib.training.loop")
+    assert "seven calls" in loop_doc and "three attributes" in loop_doc
+
+
+def test_the_loop_reaches_its_backend_only_by_the_name_backend():
+    """A second name for the backend would hide its calls from the protocol check above."""
+    tree = ast.parse(MODULES["course_lib.training.loop"].read_text())
+    train = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "train")
+    constructed = {
+        t.id if isinstance(t, ast.Name) else t.target.id
+        for n in ast.walk(train)
+        if isinstance(n, ast.Assign | ast.AnnAssign)
+        and isinstance(n.value, ast.Call)
+        and getattr(n.value.func, "id", "") in ("TorchAmp", "AcceleratorSteps")
+        for t in (n.targets if isinstance(n, ast.Assign) else [n])
+    }
+    assert constructed == {"backend"}, constructed
+
+
+def test_both_backends_implement_the_protocol_with_the_same_signatures():
+    import inspect
+    from types import SimpleNamespace
+
+    import torch
+
+    from course_lib.training.accelerator import AcceleratorSteps
+    from course_lib.training.amp import TorchAmp
+    from course_lib.training.backend import Backend
+
+    fake = SimpleNamespace(device=torch.device("cpu"), mixed_precision="no", is_main_process=True)
+    backends = [TorchAmp(torch.device("cpu"), "no"), AcceleratorSteps(fake)]
+    for backend in backends:
+        missing = sorted(m for m in _protocol_members() if not hasattr(backend, m))
+        assert not missing, f"{type(backend).__name__} lacks {missing}"
+        assert isinstance(backend, Backend)
+        for name in _protocol_members():
+            if callable(getattr(Backend, name, None)):
+                want = list(inspect.signature(getattr(Backend, name)).parameters)
+                have = list(inspect.signature(getattr(type(backend), name)).parameters)
+                assert have == want, f"{type(backend).__name__}.{name}{have} differs from Backend's {want}"
+
+
+def test_the_protocol_check_catches_a_missing_method():
+    from course_lib.training.backend import Backend
+
+    class NoUnscale:
+        device, precision, is_main_process = None, "no", True
+
+        def prepare(self, model, optimizer, train_dataloader, eval_dataloader): ...
+        def to_device(self, batch): ...
+        def autocast(self): ...
+        def backward(self, loss): ...
+        def step(self, optimizer, history): ...
+        def eval_args(self): ...
+
+    assert not isinstance(NoUnscale(), Backend)
+    NoUnscale.unscale = lambda self, optimizer: None
+    assert isinstance(NoUnscale(), Backend)

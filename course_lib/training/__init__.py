@@ -1,14 +1,15 @@
 """The course's one training loop (``loop.py``), with one file per technique it adds.
 
 loop         ``train`` and ``TrainConfig``: forward, loss, backward, step, plus tagged technique lines
-amp          [amp] autocast + GradScaler with plain PyTorch (``TorchAmp``)
-accelerator  [accelerator] the same loop through an ``Accelerator``; ``fresh_accelerator``
+backend      ``Backend``: the protocol of what the loop calls on its backend (TorchAmp, AcceleratorSteps)
+amp          [amp] autocast + GradScaler with plain PyTorch (the ``TorchAmp`` backend)
+accelerator  [accelerator] the same loop through an ``Accelerator`` (the ``AcceleratorSteps`` backend); ``fresh_accelerator``
 accum        [accum] gradient accumulation over micro-batches
 ddp          [ddp] no all-reduce mid-accumulation, a new shuffle each epoch
 clip         [clip] gradient clipping on unscaled gradients
 resume       [resume] continue a checkpointed run from an optimizer step
 optim        [optim] AdamW (fused where torch has the kernel), Adafactor, 8-bit AdamW; the schedule
-checkpointing  [checkpointing] gradient (activation) checkpointing of a Hugging Face model
+activation_checkpointing  [activation_checkpointing] recompute a Hugging Face model's activations in backward
 fsdp         [fsdp] shard parameters, gradients and optimizer state over the ranks (FSDP2 fully_shard)
 local_sgd    [local_sgd] average parameters every N steps instead of gradients every step
 kernels      [kernels] attention implementation (eager, SDPA) and torch.compile: same function, other kernels
@@ -18,7 +19,7 @@ slides       the slides' own loops (PyTorch, Accelerator): the references lesson
 """
 
 from course_lib.training.accelerator import amp_is_active, fresh_accelerator
-from course_lib.training.checkpointing import enable_checkpointing
+from course_lib.training.activation_checkpointing import enable_checkpointing
 from course_lib.training.history import History
 from course_lib.training.kernels import ATTENTION
 from course_lib.training.loop import TrainConfig, train

@@ -14,7 +14,7 @@ from course_lib.training.fsdp import accelerator_shards, is_sharded
 
 
 class AcceleratorSteps:
-    """The loop's device, precision, backward and step, delegated to an ``Accelerator``."""
+    """The Accelerate ``Backend``: the loop's device, precision, backward and step, delegated to an ``Accelerator``."""
 
     def __init__(self, accelerator) -> None:
         self.accelerator = accelerator

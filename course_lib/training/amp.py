@@ -17,7 +17,7 @@ from course_lib.training.fsdp import is_sharded
 
 
 class TorchAmp:
-    """Device placement, autocast and loss scaling, as the slides write them with plain PyTorch."""
+    """The plain-PyTorch ``Backend``: device placement, autocast and loss scaling, as the slides write them."""
 
     is_main_process = True
 

@@ -27,16 +27,16 @@ class _NoAveraging(AbstractContextManager):
         return None
 
 
-def local_sgd(steps, model, local_sgd_steps: int | None, start_step: int = 0):
+def local_sgd(backend, model, local_sgd_steps: int | None, start_step: int = 0):
     """A context manager with ``step()``: Accelerate's ``LocalSGD`` when ``local_sgd_steps`` is set and
-    the loop runs on an ``Accelerator`` (``steps.accelerator``), else a no-op.
+    the loop runs on an ``Accelerator`` (``backend.accelerator``), else a no-op.
 
     ``start_step`` continues the averaging schedule of a resumed run (resume at a multiple of
     ``local_sgd_steps``, where every process holds the same averaged parameters).
     """
     if local_sgd_steps is not None and local_sgd_steps < 1:
         raise ValueError(f"local_sgd_steps must be >= 1 (or None for off), got {local_sgd_steps}.")
-    accelerator = getattr(steps, "accelerator", None)
+    accelerator = getattr(backend, "accelerator", None)
     if not local_sgd_steps or accelerator is None:
         return _NoAveraging()
     from accelerate.local_sgd import LocalSGD

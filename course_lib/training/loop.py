@@ -10,14 +10,17 @@ and carries its tag; each tag names the file of this package that holds what the
 * ``# [clip]``        ``clip.py``         gradient clipping, after unscaling
 * ``# [resume]``      ``resume.py``       continue from optimizer step ``start_step``; ``on_step`` hook
 * ``# [optim]``       ``optim.py``        the optimizer (AdamW, Adafactor, 8-bit AdamW) and its schedule
-* ``# [checkpointing]`` ``checkpointing.py`` recompute activations in backward instead of keeping them
+* ``# [activation_checkpointing]`` ``activation_checkpointing.py`` recompute activations in backward,
+  not keep them
 * ``# [local_sgd]``   ``local_sgd.py``    average parameters every ``local_sgd_steps`` steps, not gradients
 * ``# [fsdp]``        ``fsdp.py``         shard parameters, gradients and optimizer state over the ranks
 * ``# [kernels]``     ``kernels.py``      the attention implementation and ``torch.compile`` (same function)
 
-Without an ``Accelerator`` the loop runs on ``TorchAmp`` (placement + ``torch.amp``); with one, on
-``AcceleratorSteps``. Both offer the same five calls (prepare, to_device, autocast, backward, step),
-so the loop has no branch per technique. A test keeps the tags and the files in step.
+The loop runs on one of two backends: ``TorchAmp`` (placement + ``torch.amp``) without an
+``Accelerator``, ``AcceleratorSteps`` with one. ``backend.Backend`` (a ``typing.Protocol``) lists what
+the loop asks of them: seven calls (prepare, to_device, autocast, backward, step and eval_args here,
+unscale in ``clip.py``) and three attributes (device, precision, is_main_process), so the loop has no
+branch per technique. Tests keep the tags and the files, and the protocol and its callers, in step.
 """
 
 from __future__ import annotations
@@ -35,8 +38,9 @@ from course_lib.instruments.timing import Stopwatch
 from course_lib.mixed_precision import check_precision
 from course_lib.training.accelerator import AcceleratorSteps
 from course_lib.training.accum import micro_batches, steps_per_epoch
+from course_lib.training.activation_checkpointing import enable_checkpointing
 from course_lib.training.amp import TorchAmp
-from course_lib.training.checkpointing import enable_checkpointing
+from course_lib.training.backend import Backend
 from course_lib.training.clip import clip_gradients
 from course_lib.training.ddp import COMM_HOOKS, register_comm_hook, set_epoch, sync_gradients
 from course_lib.training.fsdp import shard_model
@@ -140,13 +144,13 @@ def train(
     optimizer = optimizer or make_optimizer(  # [optim]
         model, cfg.lr, cfg.weight_decay, fused=cfg.fused_optimizer, name=cfg.optimizer
     )
-    enable_checkpointing(model, cfg.gradient_checkpointing)  # [checkpointing]
+    enable_checkpointing(model, cfg.gradient_checkpointing)  # [activation_checkpointing]
     if accelerator is not None:
-        steps = AcceleratorSteps(accelerator)  # [accelerator]
+        backend: Backend = AcceleratorSteps(accelerator)  # [accelerator]
     else:
         device = get_device(cfg.device)
-        steps = TorchAmp(device, check_precision(cfg.precision, device))  # [amp]
-    model, optimizer, train_dataloader, eval_dataloader = steps.prepare(
+        backend = TorchAmp(device, check_precision(cfg.precision, device))  # [amp]
+    model, optimizer, train_dataloader, eval_dataloader = backend.prepare(
         model, optimizer, train_dataloader, eval_dataloader
     )
     register_comm_hook(model, cfg.comm_hook)  # DDP sends 16-bit gradients  # [ddp]
@@ -157,12 +161,12 @@ def train(
     scheduler = make_scheduler(optimizer, total_steps, cfg.warmup_ratio, start_step)  # [resume]
     first_epoch, skip = resume_position(start_step, per_epoch, k)  # [resume]
 
-    history = History(config={**asdict(cfg), "precision": steps.precision, "device": str(steps.device)})
+    history = History(config={**asdict(cfg), "precision": backend.precision, "device": str(backend.device)})
     bar = tqdm(
         initial=start_step,
         total=total_steps,
-        desc=f"train ({steps.precision})",
-        disable=not (cfg.progress and steps.is_main_process),
+        desc=f"train ({backend.precision})",
+        disable=not (cfg.progress and backend.is_main_process),
         mininterval=PROGRESS_INTERVAL,
         # A count bound too: a long run on a loaded machine sends as few messages as on a fast one.
         # maxinterval=inf: tqdm's monitor thread would otherwise reset miniters to 1 after 10 s.
@@ -170,26 +174,26 @@ def train(
         maxinterval=float("inf"),
     )
     model.train()
-    step, watch, tokens, stop = start_step, Stopwatch(steps.device), 0, False
-    with local_sgd(steps, model, cfg.local_sgd_steps, start_step) as averager:  # [local_sgd]
+    step, watch, tokens, stop = start_step, Stopwatch(backend.device), 0, False
+    with local_sgd(backend, model, cfg.local_sgd_steps, start_step) as averager:  # [local_sgd]
         for epoch in range(first_epoch, math.ceil(total_steps / per_epoch)):
             set_epoch(train_dataloader, epoch)  # [ddp]
             watch.start()
             start = skip if epoch == first_epoch else 0
             for batch, update, window in micro_batches(train_dataloader, k, start):  # [accum]
-                batch = steps.to_device(batch)
+                batch = backend.to_device(batch)
                 tokens += batch.get("input_ids", batch["labels"]).numel()  # images/audio: examples
                 with sync_gradients(model, update):  # [ddp]
-                    with steps.autocast():  # [amp]
+                    with backend.autocast():  # [amp]
                         loss = forward(**batch).loss / window  # forward + loss  # [accum] window mean
-                    steps.backward(loss)  # backward  # [amp] scaled for fp16
+                    backend.backward(loss)  # backward  # [amp] scaled for fp16
                 if not update:  # [accum]
                     continue
                 if cfg.max_grad_norm:
                     history.grad_norms.append(
-                        clip_gradients(steps, model, optimizer, cfg.max_grad_norm)
+                        clip_gradients(backend, model, optimizer, cfg.max_grad_norm)
                     )  # [clip]
-                steps.step(optimizer, history)  # step  # [amp] skipped on inf/nan
+                backend.step(optimizer, history)  # step  # [amp] skipped on inf/nan
                 scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
                 averager.step()  # every local_sgd_steps: average the parameters  # [local_sgd]
@@ -207,7 +211,9 @@ def train(
                 if step >= total_steps or stop:
                     break
             if eval_dataloader is not None and cfg.eval_every_epoch:
-                history.evals.append({"step": step, **evaluate(model, eval_dataloader, **steps.eval_args())})
+                history.evals.append(
+                    {"step": step, **evaluate(model, eval_dataloader, **backend.eval_args())}
+                )
             if step >= total_steps or stop:
                 break
     bar.close()

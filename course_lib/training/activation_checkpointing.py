@@ -1,4 +1,5 @@
-"""[checkpointing] Gradient checkpointing: keep fewer activations, recompute them during backward.
+"""[activation_checkpointing] Activation (gradient) checkpointing: keep fewer activations, recompute
+them during backward. (Not ``course_lib.checkpoints``, which saves a run to disk.)
 
 Chen et al. (2016): storing only some layers' inputs and recomputing the rest in backward costs about
 one extra forward pass (compute x 4/3 when a backward costs two forwards) and cuts activation memory
