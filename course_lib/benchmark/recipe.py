@@ -5,17 +5,19 @@ each factor measured the way it is stable:
 
 * **Examples per second**: each rung is timed against the stack before it in ``rounds`` short,
   interleaved rounds (A B, B A, A B, ...), so load on the machine hits both alike; the rung's gain
-  is taken per round (paired), and its median and range are reported.
+  is taken per round (paired).
 * **Examples to target**: from the evaluation schedule, over ``seeds`` seeds (median and range), for
   the rungs that change the optimisation (length grouping, mixed precision, a larger batch). The
   rungs that change only the kernels or the padding (``rungs.SAME_FUNCTION``) compute the same
   function, so their examples to target are those of the stack before them.
 
 Target: the lowest final validation accuracy of the slides' settings over the seeds, less
-``tolerance_se`` binomial standard errors of the validation set (counted in validation rows). A
-rung is **kept** when its gain over the stack before it exceeds the measured spread (the smallest
-gain over rounds x seeds is above 1), **dropped** when even the largest is below 1 or a seed never
-reaches the target, and **within noise** otherwise (not kept). The recommended recipe is the last
+``tolerance_se`` binomial standard errors of the validation set (counted in validation rows). The
+decision (``ladder_runs.decide``, where the reasons are): one gain per round from the seed medians;
+a rung is **kept** when the median gain over rounds is at least ``min_gain`` (the smallest gain worth
+changing the recipe for, 1.05) and the interval from the 2nd smallest to the 2nd largest round lies
+above 1, **dropped** when it is at most ``1 / min_gain`` with the interval below 1 or a seed never
+reaches the target, and **within noise** (not kept) otherwise. The recommended recipe is the last
 kept stack; it is measured once more against the slides' settings, interleaved the same way.
 """
 
@@ -26,8 +28,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from course_lib.benchmark.ladder_runs import MIN_GAIN, OUTLIERS, spread
 from course_lib.benchmark.ladder_runs import run_ladder as ladder_run
-from course_lib.benchmark.ladder_runs import spread
 from course_lib.benchmark.report import format_cell
 from course_lib.benchmark.rungs import RUNG_NAMES
 
@@ -55,7 +57,8 @@ class RecipeConfig:
     eval_rows: int | None = None  # None: the whole validation split
     tolerance_se: float = 1.0  # target = lowest final correct rows of rung 1 less this many standard errors
     seeds: int = 3  # accuracy runs per optimisation setting (seed, seed + 1, ...)
-    rounds: int = 3  # interleaved throughput rounds per comparison
+    rounds: int = 5  # interleaved throughput rounds per comparison (>= 5: an interval without the extremes)
+    min_gain: float = MIN_GAIN  # the smallest gain worth changing the recipe for (ladder_runs.decide)
     warmup_steps: int = 1  # untimed steps at the start of each throughput run
     timed_steps: int = 6  # timed steps of each throughput run
     large_batch: int = 2  # the large-batch rung's batch multiple
@@ -75,9 +78,16 @@ class RecipeConfig:
         for name in ("epochs", "batch_size", "eval_every", "large_batch", "max_length", "timed_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
-        if self.seeds < 3 or self.rounds < 3:
+        if self.seeds < 3:
+            raise ValueError(f"seeds must be >= 3 (a median and a range), got {self.seeds}.")
+        if self.rounds < 2 * OUTLIERS + 3:
             raise ValueError(
-                f"seeds and rounds must be >= 3 (a median and a range), got {self.seeds} and {self.rounds}."
+                f"rounds must be >= {2 * OUTLIERS + 3} (an interval that leaves {OUTLIERS} round out at each "
+                f"end and still has a round each side of the median), got {self.rounds}."
+            )
+        if not self.min_gain > 1:
+            raise ValueError(
+                f"min_gain must be above 1 (the smallest gain worth changing the recipe for), got {self.min_gain}."
             )
         if self.warmup_steps < 1:
             raise ValueError(f"warmup_steps must be >= 1 (first-use costs), got {self.warmup_steps}.")
@@ -115,10 +125,46 @@ def run_ladder(cfg: RecipeConfig, log=print, measure=None) -> dict[str, Any]:
 # Reading a record
 
 
-def record_config(record: dict[str, Any]) -> RecipeConfig:
-    """The ``RecipeConfig`` of a record (settings it lacks take their defaults)."""
-    known = {f.name for f in fields(RecipeConfig)}
-    return RecipeConfig(**{k: v for k, v in record.get("config", {}).items() if k in known})
+def setting(record: dict[str, Any], name: str) -> Any:
+    """One setting of a record's run (a setting the record lacks takes ``RecipeConfig``'s default).
+
+    Read without ``RecipeConfig``'s checks: a record written under older limits still renders.
+    """
+    defaults = {f.name: f.default for f in fields(RecipeConfig)}
+    return record.get("config", {}).get(name, defaults[name])
+
+
+def rule(record: dict[str, Any]) -> dict[str, Any] | None:
+    """The decision rule a record was decided by (``ladder_runs.decide``); None: the rule before it.
+
+    Records without ``"rule"`` were decided by the range over rounds x seeds (kept when its smallest
+    gain was above 1, dropped when its largest was below 1): their text says so.
+    """
+    return record.get("rule")
+
+
+def _spread_word(record: dict[str, Any]) -> str:
+    return "interval" if rule(record) else "range"
+
+
+def gain_rule_sentence(record: dict[str, Any]) -> str:
+    """How the record's gains were formed and decided, in one paragraph of the report."""
+    r = rule(record)
+    if r is None:
+        return (
+            "Gain: time to target of the stack before over the rung's, over rounds x seeds; a rung is kept "
+            "only when its whole range is above 1."
+        )
+    return (
+        f"Gain: time to target of the stack before over the rung's, one per round (that round's two "
+        f"throughputs, the seed medians of examples to target); its median over the {r['rounds']} rounds and "
+        f"the interval that leaves the {r['outliers']} smallest and the {r['outliers']} largest out (a "
+        f"distribution-free {r['interval_coverage']:.1%} interval for the median round: one outlying round "
+        f"moves neither end past the next). A rung is kept when its median gain is at least {r['min_gain']:.2f}x "
+        f"(the smallest gain worth changing the recipe for, stated in advance) and its interval lies above 1, "
+        f"dropped when the median is at most {1 / r['min_gain']:.2f}x with the interval below 1 or when a seed "
+        "misses the target, and within noise (not kept) otherwise."
+    )
 
 
 def _names(rows: list[dict[str, Any]], statuses: tuple[str, ...], why: bool = False) -> str:
@@ -137,22 +183,24 @@ def recipe_gain(record: dict[str, Any]) -> dict[str, float]:
 
 def verdict(record: dict[str, Any]) -> list[str]:
     """Which rungs paid here, which did not, the recipe, its gain over rung 1, target met or not."""
-    rows, gain = record["rows"], recipe_gain(record)
+    rows, gain, r = record["rows"], recipe_gain(record), rule(record)
+    word = _spread_word(record)
     ok = gain["low"] >= SPEEDUP_TARGET
     if ok:
         short = ""
     elif gain["median"] >= SPEEDUP_TARGET:
-        short = f"; its median is above {SPEEDUP_TARGET}x but its range reaches below"
+        short = f"; its median is above {SPEEDUP_TARGET}x but its {word} reaches below"
     else:
         short = f"; short of it: kept {_names(rows, ('kept',))}; not kept {_names(rows, ('dropped', 'within noise'))}"
+    kept = f"median gain >= {r['min_gain']:.2f}x, interval above 1" if r else "gain above the measured spread"
     return [
-        f"Kept (gain above the measured spread): {_names(rows, ('kept',))}.",
+        f"Kept ({kept}): {_names(rows, ('kept',))}.",
         f"Within noise (not kept): {_names(rows, ('within noise',))}.",
         f"Dropped (slower, or the target missed): {_names(rows, ('dropped',))}.",
         f"Not run: {_names(rows, ('skipped', 'not run'), why=True)}.",
         f"Recommended recipe here: {record['final']['recipe']}: {gain['median']:.2f}x sooner to the target than "
-        f"the slides' settings (range {gain['low']:.2f}-{gain['high']:.2f}x; target >= {SPEEDUP_TARGET}x over the "
-        f"whole range: {'met' if ok else 'MISSED'}){short}.",
+        f"the slides' settings ({word} {gain['low']:.2f}-{gain['high']:.2f}x; target >= {SPEEDUP_TARGET}x over the "
+        f"whole {word}: {'met' if ok else 'MISSED'}){short}.",
         f"Reproduce it: `{record['final']['command']}`.",
     ]
 
@@ -226,29 +274,30 @@ def target_sentence(record: dict[str, Any]) -> str:
     return (
         f"validation accuracy >= {t['accuracy']:.3f} ({t['correct']} of {n:,} rows): the lowest final accuracy of "
         f"the slides' settings over {len(record['seeds'])} seeds ({t['lowest_final_correct']} rows) less "
-        f"{t['tolerance_rows']} rows, {record_config(record).tolerance_se:g} binomial standard error "
+        f"{t['tolerance_rows']} rows, {setting(record, 'tolerance_se'):g} binomial standard error "
         f"(sqrt(p(1 - p) / n) = {t['standard_error']:.3f}, {t['standard_error'] * n:.1f} rows)"
     )
 
 
 def markdown_report(record: dict[str, Any]) -> str:
     """The README section: how it was measured, the table, the verdict."""
-    cfg = record_config(record)
     load, machine = record.get("load_average") or [], record["machine"]
     if len(load) == 2 and None not in load:
         machine += f" (1-minute load average {load[0]:.1f} at the start, {load[1]:.1f} at the end"
         machine += f", {record['cores']} cores)" if record.get("cores") else ")"
+    batch, every = setting(record, "batch_size"), setting(record, "eval_every")
     header = (
         f"Measured on {machine}, {record['date']}; the whole run took {record['seconds'] / 60:.1f} min. "
         f"Target: {target_sentence(record)}. Every run: the same {record['train_rows']:,} training pairs, "
-        f"{cfg.epochs} epoch(s), batch {cfg.batch_size}, lr {cfg.lr:g} (linear warm-up and decay) through the "
-        f"course loop, an evaluation every {cfg.eval_every * cfg.batch_size:,} training examples. Examples to "
+        f"{setting(record, 'epochs')} epoch(s), batch {batch}, lr {setting(record, 'lr'):g} (linear warm-up and "
+        f"decay) through the course loop, an evaluation every {every * batch:,} training examples. Examples to "
         f"target: median (range) over seeds {', '.join(map(str, record['seeds']))}, measured for the rungs that "
         "change the optimisation; the others compute the same function and take the stack before's. Examples/s: "
-        f"median (range) over {cfg.rounds} rounds of {cfg.timed_steps} timed steps after {cfg.warmup_steps} "
-        "untimed, each rung interleaved with the stack before it. Gain: time to target of the stack before over "
-        "the rung's, over rounds x seeds; a rung is kept only when its whole range is above 1. Time to target: "
-        "training only (evaluation not counted), compilation included."
+        f"median (range) over {setting(record, 'rounds')} rounds of {setting(record, 'timed_steps')} timed steps "
+        f"after {setting(record, 'warmup_steps')} untimed, each rung interleaved with the stack before it"
+        + ("; vs stack before: the per-round ratio, median (interval). " if rule(record) else ". ")
+        + gain_rule_sentence(record)
+        + " Time to target: training only (evaluation not counted), compilation included."
     )
     return (
         f"{header}\n\n{markdown_table(record)}\n\n"
@@ -258,7 +307,7 @@ def markdown_report(record: dict[str, Any]) -> str:
 
 
 def plot(record: dict[str, Any], path: str | Path | None = None, ax=None):
-    """The ladder as bars: each rung's gain over the stack before it, with its range over rounds x seeds."""
+    """The ladder as bars: each rung's gain over the stack before it, with its interval (range, in older records)."""
     import matplotlib
 
     if path is not None:
@@ -281,9 +330,12 @@ def plot(record: dict[str, Any], path: str | Path | None = None, ax=None):
     )
     ax.set_ylabel("gain over the stack before (x)")
     ax.set_title(
-        "Time-to-target gain per rung, range over rounds x seeds (green kept, yellow within noise, red dropped)",
+        f"Time-to-target gain per rung, median and {_spread_word(record)} (green kept, yellow within noise, red dropped)",
         fontsize=8,
     )
+    if rule(record):
+        ax.axhline(rule(record)["min_gain"], color="#2a9d8f", lw=0.8, ls="--")
+        ax.axhline(1 / rule(record)["min_gain"], color="#e76f51", lw=0.8, ls="--")
     if fig is not None:
         fig.tight_layout()
         if path is not None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import itertools
 import math
 import shutil
 import sys
@@ -28,7 +29,7 @@ import torch
 
 from course_lib import data
 from course_lib.devices import seed_everything
-from course_lib.mixed_precision import FASTER, advise_precision, cpu_has_fast_bf16, precision_label
+from course_lib.mixed_precision import FASTER, advise, cpu_has_fast_bf16, precision_label
 from course_lib.training import TrainConfig, train
 from course_lib.training.metrics import evaluate
 from course_lib.training.optim import fused_adamw_supported
@@ -82,22 +83,16 @@ SAME_FUNCTION = ("dynamic_padding", "fused_adamw", "sdpa", "compile")
 def mixed_precision_choice(device: torch.device) -> tuple[str, str]:
     """``(precision, why)``: the mixed precision to try on ``device``, or ``"no"`` and the reason.
 
-    Measured on every device: a matmul test decides with the course's one rule,
-    ``mixed_precision.advise_precision`` (a format only where it runs at least ``FASTER`` x fp32);
-    the reason quotes the measured ratio. The rung then measures the training itself.
+    Measured on every device by the course's one rule, ``mixed_precision.advise`` (a matmul test; a
+    usable format only where it runs at least ``FASTER`` x fp32); the reason quotes the measured
+    ratios of the usable formats (fp16 on a CPU is the trap of lesson 03: never tried there). The
+    rung then measures the training itself.
     """
-    from course_lib.instruments.throughput import matmul_gflops
-
     if device.type not in ("cpu", "cuda"):
         return "no", f"not measured on {device.type}"
-    capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
-    tried = {"no": torch.float32, "bf16": torch.bfloat16}
-    if device.type == "cuda":
-        tried["fp16"] = torch.float16  # on CPUs fp16 is the trap of lesson 03: never tried there
-    n = 512 if device.type == "cpu" else None
-    gflops = {p: matmul_gflops(dtype, device, n=n)["gflops"] for p, dtype in tried.items()}
-    advice = advise_precision(device.type, gflops, capability)
-    ratios = ", ".join(f"{precision_label(p)} {advice.speedups[p]:.2f}x" for p in advice.speedups)
+    advice = advise(device)
+    usable = {p: s for p, s in advice.speedups.items() if p not in advice.unusable}
+    ratios = ", ".join(f"{precision_label(p)} {s:.2f}x" for p, s in usable.items())
     if advice.fastest != "no":
         return advice.fastest, f"matmuls measured {ratios} fp32 here"
     why = f"matmuls measured {ratios} fp32 here (not >= {FASTER}x)"
@@ -234,27 +229,20 @@ def prepare(cfg) -> Prepared:
     return Prepared(model, tokenizer, train_rows.select(range(rows)), eval_loader)
 
 
-class _Counting:
-    """A loader's batches, recording the real (unmasked) and padded tokens of each."""
-
-    def __init__(self, loader) -> None:
-        self.loader, self.real, self.padded = loader, [], []
-        self.batch_sampler = getattr(loader, "batch_sampler", None)  # set_epoch reaches it
-        self.sampler = getattr(loader, "sampler", None)
-
-    def __len__(self) -> int:
-        return len(self.loader)
-
-    def __iter__(self):
-        for batch in self.loader:
-            self.real.append(int(batch["attention_mask"].sum()))
-            self.padded.append(batch["input_ids"].numel())
-            yield batch
-
-
-def _loader(stack: Stack, prepared: Prepared, cfg, seed: int, device: torch.device) -> _Counting:
+def _loader(stack: Stack, prepared: Prepared, cfg, seed: int, device: torch.device):
     _, settings = train_settings(stack, cfg, seed)
-    return _Counting(data.make_train_loader(prepared.train, prepared.tokenizer, device=device, **settings))
+    return data.make_train_loader(prepared.train, prepared.tokenizer, device=device, **settings)
+
+
+def token_counts(
+    stack: Stack, prepared: Prepared, cfg, seed: int, device: torch.device, start: int, stop: int
+):
+    """Real and padded tokens of batches ``start`` to ``stop`` of the first epoch (``data.padding_counts``).
+
+    A fresh loader with the same seed yields the batches the course loop trains on in its first
+    epoch (the order depends only on the seed and the epoch).
+    """
+    return data.padding_counts(itertools.islice(_loader(stack, prepared, cfg, seed, device), start, stop))
 
 
 def accuracy_run(
@@ -307,10 +295,11 @@ def throughput_run(
         history = train(copy.deepcopy(prepared.model), loader, train_cfg)
     timed = history.step_times[cfg.warmup_steps :]
     seconds = sum(timed)
+    tokens = token_counts(stack, prepared, cfg, cfg.seed, device, cfg.warmup_steps, steps)
     out = {
         "examples_per_s": cfg.timed_steps * settings["batch_size"] / seconds,
-        "tokens_per_s": sum(loader.padded[cfg.warmup_steps : steps]) / seconds,
-        "real_tokens_per_s": sum(loader.real[cfg.warmup_steps : steps]) / seconds,
+        "tokens_per_s": tokens["padded"] / seconds,
+        "real_tokens_per_s": tokens["real"] / seconds,
     }
     if stack.compile and fresh_compile:
         warm = history.step_times[: cfg.warmup_steps]

@@ -33,7 +33,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[RecipeConfig, argparse.Na
         prog="python -m course_lib.cli.recipe",
         description="Fine-tune the course model to a fixed validation accuracy, adding one efficiency change "
         "per rung (dynamic padding, length grouping, fused AdamW, SDPA, mixed precision, torch.compile, a "
-        "larger batch); keep a rung only when its time-to-target gain exceeds the measured spread.",
+        "larger batch); keep a rung only when its median time-to-target gain over interleaved rounds is at least "
+        "--min-gain and its interval (without the extreme rounds) lies above 1.",
         epilog="The target is the lowest final accuracy of the slides' settings over --seeds seeds, less "
         "--tolerance-se binomial standard errors. Evaluation time is not counted.",
     )
@@ -48,7 +49,15 @@ def parse_args(argv: list[str] | None = None) -> tuple[RecipeConfig, argparse.Na
     p.add_argument("--eval-rows", type=int)
     p.add_argument("--tolerance-se", type=float, help="binomial standard errors below rung 1's lowest final")
     p.add_argument("--seeds", type=int, help="accuracy runs per optimisation setting (>= 3)")
-    p.add_argument("--rounds", type=int, help="interleaved throughput rounds per comparison (>= 3)")
+    p.add_argument(
+        "--rounds", type=int, help="interleaved throughput rounds per comparison (>= 5, default 5)"
+    )
+    p.add_argument(
+        "--min-gain",
+        type=float,
+        help="the smallest time-to-target gain worth changing the recipe for (default 1.05): kept needs a median "
+        "gain at least this with its interval above 1",
+    )
     p.add_argument("--timed-steps", type=int, help="timed steps per throughput run")
     p.add_argument("--large-batch", type=int, help="batch multiple of the last rung")
     p.add_argument("--rungs", type=comma_list, help=f"comma-separated, from {', '.join(RUNG_NAMES)}")
@@ -57,7 +66,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[RecipeConfig, argparse.Na
     add_output_arguments(p, plot="the ladder chart")
     args = p.parse_args(argv)
     names = ("epochs", "batch_size", "lr", "eval_every", "train_rows", "eval_rows", "tolerance_se", "seeds")
-    names += ("rounds", "timed_steps", "large_batch", "rungs", "seed", "device")
+    names += ("rounds", "min_gain", "timed_steps", "large_batch", "rungs", "seed", "device")
     overrides = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
     cfg = quick_config(**overrides) if args.quick else RecipeConfig(**overrides)
     return cfg, args
