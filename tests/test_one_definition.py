@@ -52,10 +52,6 @@ INSTRUMENTS: dict[str, tuple[str, tuple[str, ...]]] = {
 PENDING: dict[tuple[str, str], str] = {
     ("padding counts", "benchmark/rungs.py"): "rungs._Counting: the benchmark's padding counter (issue #23)",
     ("steps per epoch", "cli/train.py"): "cli.train.total_steps: should call training.accum.steps_per_epoch",
-    (
-        "bytes of tensors",
-        "demos/sharding.py",
-    ): "sharding._nbytes: should call instruments.memory.tensor_bytes",
 }
 
 

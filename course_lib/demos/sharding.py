@@ -25,7 +25,7 @@ import torch.distributed as dist
 from course_lib.devices import to_device
 from course_lib.distributed import disable_dropout, rank_device, shard_indices
 from course_lib.instruments.comm import KINDS, CollectiveLog, counting_collectives
-from course_lib.instruments.memory import optimizer_state_bytes
+from course_lib.instruments.memory import optimizer_state_bytes, tensor_bytes
 from course_lib.training.fsdp import shard_model
 
 STRATEGIES = ("ddp", "zero1", "fsdp_no_reshard", "fsdp")
@@ -75,7 +75,7 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 def _nbytes(tensors) -> int:
-    return sum(_local(t).numel() * _local(t).element_size() for t in tensors)
+    return tensor_bytes(_local(t) for t in tensors)  # this rank's shards of FSDP2's DTensors
 
 
 def _wrap(strategy: str, model: torch.nn.Module, lr: float):
