@@ -147,15 +147,18 @@ class LengthGroupedBatchSampler(Sampler[list[int]]):
 
     def __len__(self) -> int:
         n = len(self.lengths)
+        # -(-n // b) is ceil(n / b): the last, smaller batch counts
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
     def batches(self, epoch: int) -> list[list[int]]:
         """The batches (lists of row indices) of ``epoch``: a pure function of seed and epoch."""
+        # a prime stride: no two (seed, epoch) pairs share a generator seed while epoch < 100,003
         generator = torch.Generator().manual_seed(self.seed * 100_003 + epoch)
         order = torch.randperm(len(self.lengths), generator=generator).tolist()
         size = self.mega_batches * self.batch_size
         batches = []
         for start in range(0, len(order), size):
+            # longest first, so a mega-batch's one short batch holds its shortest rows
             mega = sorted(order[start : start + size], key=lambda i: self.lengths[i], reverse=True)
             batches += [mega[i : i + self.batch_size] for i in range(0, len(mega), self.batch_size)]
         full = [b for b in batches if len(b) == self.batch_size]
@@ -167,6 +170,7 @@ class LengthGroupedBatchSampler(Sampler[list[int]]):
             for i in range(0, len(rest) - len(rest) % self.batch_size, self.batch_size)
         ]
         tail = rest[len(rest) - len(rest) % self.batch_size :]
+        # the same generator, drawn on: the batch order too is a pure function of (seed, epoch)
         shuffled = [full[i] for i in torch.randperm(len(full), generator=generator).tolist()]
         return shuffled + ([tail] if tail and not self.drop_last else [])
 
@@ -218,6 +222,7 @@ def make_dataloader(
     if group_by_length:
         sampler = LengthGroupedBatchSampler(split_lengths(split), batch_size, seed=seed, drop_last=drop_last)
         return DataLoader(split, batch_sampler=sampler, collate_fn=collate_fn, num_workers=num_workers)
+    # a generator of its own: the order does not depend on the global RNG's state
     generator = torch.Generator().manual_seed(seed) if shuffle else None
     return DataLoader(
         split,
@@ -245,6 +250,7 @@ def make_dataloaders(
     val = first_rows(tokenized["validation"], eval_rows)
     return (
         make_dataloader(train, tokenizer, batch_size, shuffle=True, precision=precision, seed=seed),
+        # no gradients or optimizer state at evaluation: twice the batch fits
         make_dataloader(val, tokenizer, eval_batch_size or 2 * batch_size, precision=precision),
     )
 
@@ -266,11 +272,11 @@ def label_balance(labels: Iterable[int]) -> float:
 
 class _BatchesOnDevice:
     """A length-grouped DataLoader's batches moved to ``device`` (not a DataLoader: ``accelerator.prepare``
-    passes it through unchanged, as it does a ``ShardedLoader``); ``batch_sampler.set_epoch`` reshuffles."""
+    passes it through unchanged, as it does a ``ShardedLoader``)."""
 
     def __init__(self, loader: DataLoader, device) -> None:
         self.loader, self.device = loader, torch.device(device)
-        self.batch_sampler = loader.batch_sampler
+        self.batch_sampler = loader.batch_sampler  # the loop's set_epoch(epoch) reshuffles through it
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -314,6 +320,7 @@ def make_train_loader(
     if pad_to is None and pad_multiple is not None:
         from transformers import DataCollatorWithPadding
 
+        # overrides the precision's default
         collate_fn = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=pad_multiple)
     if not group_by_length:
         return ShardedLoader(

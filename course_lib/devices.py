@@ -41,7 +41,7 @@ def get_device(name: str | torch.device | None = None) -> torch.device:
     return torch.device(name)
 
 
-@lru_cache(maxsize=1)
+@lru_cache(maxsize=1)  # read /proc/cpuinfo once per process
 def cpu_flags() -> frozenset[str]:
     """CPU feature flags from ``/proc/cpuinfo`` (empty where that file does not exist)."""
     try:
@@ -123,8 +123,8 @@ def format_machine(info: Mapping[str, Any] | None = None) -> str:
 def seed_everything(seed: int = 0) -> None:
     """Seed Python, NumPy and torch (all devices), and the hash seed of child processes."""
     random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
+    np.random.seed(seed % 2**32)  # NumPy accepts seeds in [0, 2**32) only
+    torch.manual_seed(seed)  # seeds the CPU and every CUDA device
     # str hashing of this process was fixed at its start; this seeds only the processes it starts later
     os.environ["PYTHONHASHSEED"] = str(seed)
 
@@ -132,16 +132,18 @@ def seed_everything(seed: int = 0) -> None:
 def to_device(batch: Any, device: torch.device | str) -> Any:
     """Move every tensor in a (nested) dict/list/tuple batch to ``device``."""
     if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
+        return batch.to(device, non_blocking=True)  # asynchronous only from pinned memory, else a plain copy
     if isinstance(batch, Mapping):
         return {k: to_device(v, device) for k, v in batch.items()}
     if isinstance(batch, (list, tuple)):
+        # a tuple stays a tuple (a namedtuple would not take a generator)
         return type(batch)(to_device(v, device) for v in batch)
     return batch
 
 
 def synchronize(device: torch.device | str | None = None) -> None:
     """Wait for queued work on ``device`` (a no-op on CPU): call before reading a timer."""
+    # None: the device get_device() picks
     device = get_device(device) if not isinstance(device, torch.device) else device
     if device.type == "cuda":
         torch.cuda.synchronize(device)
