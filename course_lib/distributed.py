@@ -73,11 +73,12 @@ def shard_indices(
     if n == 0:
         return []
     if drop_last and n % world_size:
-        per_rank = math.ceil((n - world_size) / world_size)
+        per_rank = math.ceil((n - world_size) / world_size)  # DistributedSampler's formula: floor(n / W)
     else:
         per_rank = math.ceil(n / world_size)
     total = per_rank * world_size
     if shuffle:
+        # as DistributedSampler: all ranks draw one permutation
         g = torch.Generator().manual_seed(seed + epoch)
         order = torch.randperm(n, generator=g).tolist()
     else:
@@ -87,7 +88,7 @@ def shard_indices(
     else:
         while len(order) < total:  # pad by repeating from the start
             order += order[: total - len(order)]
-    return order[rank:total:world_size]
+    return order[rank:total:world_size]  # round-robin: rank r takes positions r, r + W, ...
 
 
 class ShardedLoader:
@@ -181,7 +182,7 @@ def rank_device(rank: int, backend: str | None = None) -> torch.device:
 def free_port() -> int:
     """A TCP port on localhost that is free right now (for ``MASTER_PORT``)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind(("127.0.0.1", 0))  # port 0: the OS picks a free one (another process may take it before use)
         return s.getsockname()[1]
 
 
@@ -231,7 +232,8 @@ def launch(
 
 def _run_rank(rank, fn, world_size, backend, threads, timeout_s, out_dir, args) -> None:
     """One launched process: join the group (through a file in ``out_dir``), run ``fn``, save its result."""
-    torch.set_num_threads(threads)
+    torch.set_num_threads(threads)  # N processes x all cores each would oversubscribe the CPU
+    # read by an Accelerator() created inside fn, so it joins this group
     os.environ.update(
         RANK=str(rank),
         LOCAL_RANK=str(rank),
@@ -239,7 +241,7 @@ def _run_rank(rank, fn, world_size, backend, threads, timeout_s, out_dir, args) 
         LOCAL_WORLD_SIZE=str(world_size),
     )
     if backend == "nccl":
-        torch.cuda.set_device(rank)
+        torch.cuda.set_device(rank)  # before init: each nccl rank owns one GPU
     dist.init_process_group(
         backend,
         init_method=Path(out_dir, "store").as_uri(),  # a FileStore (file:// URL)
@@ -250,7 +252,7 @@ def _run_rank(rank, fn, world_size, backend, threads, timeout_s, out_dir, args) 
     try:
         result = fn(rank, world_size, *args)
         torch.save(result, Path(out_dir) / f"rank{rank}.pt")
-        dist.barrier()
+        dist.barrier()  # every rank has saved its result before any rank tears the group down
     finally:
         dist.destroy_process_group()
 
@@ -270,7 +272,7 @@ def restore_signal_handlers(
         yield
     finally:
         for sig, handler in saved.items():
-            if handler is not None:
+            if handler is not None:  # None: installed outside Python, and signal.signal rejects None
                 signal.signal(sig, handler)
 
 
@@ -281,6 +283,7 @@ def restore_signal_handlers(
 
 def flat_params(model: torch.nn.Module) -> torch.Tensor:
     """All parameters as one fp32 CPU vector, shape (n_params,)."""
+    # fp32: bf16 replicas compare too
     return torch.cat([p.detach().float().flatten().cpu() for p in model.parameters()])
 
 
@@ -326,13 +329,13 @@ def average_gradients(model: torch.nn.Module) -> None:
 def same_on_all_ranks(tensor: torch.Tensor) -> bool:
     """True on every rank when ``tensor`` is bit-for-bit the same on all ranks."""
     _require_group()
-    device = rank_device(dist.get_rank())
+    device = rank_device(dist.get_rank())  # nccl collectives take CUDA tensors only
     mine = tensor.detach().to(device)
-    reference = mine.clone()
+    reference = mine.clone()  # broadcast overwrites its argument in place
     dist.broadcast(reference, src=0)
     equal = torch.tensor([int(torch.equal(mine, reference))], device=device)
-    dist.all_reduce(equal, op=dist.ReduceOp.MIN)
-    return bool(equal.item())
+    dist.all_reduce(equal, op=dist.ReduceOp.MIN)  # MIN of 0/1 flags is a logical AND across ranks
+    return bool(equal.item())  # note: a CPU-GPU sync point under nccl
 
 
 def disable_dropout(model: torch.nn.Module) -> torch.nn.Module:
