@@ -151,6 +151,7 @@ def saved_tensors(arch: Arch, setup: Setup) -> list[dict]:
     if arch.attention not in ATTENTION:
         raise ValueError(f"attention must be one of {', '.join(ATTENTION)}, got {arch.attention!r}.")
     if arch.attention == "sdpa" and arch.attention_dropout == 0:
+        # dropout > 0 sends SDPA on the CPU to its math kernel, whose saved tensors the rows below model
         raise ValueError("SDPA without dropout runs a fused kernel that saves other tensors: not modelled.")
     b, t, d, f, L = setup.batch, setup.batch * setup.seq_len, arch.dim, arch.hidden_dim, arch.n_layers
     s = b * arch.n_heads * setup.seq_len**2
@@ -158,6 +159,7 @@ def saved_tensors(arch: Arch, setup: Setup) -> list[dict]:
     e = 2 if amp else 4  # matmul inputs: autocast casts them to 16 bits; fp32 otherwise
     alias = not amp  # fp32: the matmul weights saved are the parameters themselves
     rows = [
+        # position_ids: one row of seq_len, broadcast over the batch
         ("embeddings", "input_ids + position_ids (int64)", b * setup.seq_len + setup.seq_len, 8, 1, False),
         ("embeddings", "LayerNorm input, mean, rstd", t * d + 2 * t, 4, 1, False),
         ("embeddings", "LayerNorm weight + bias", 2 * d, 4, 1, True),
@@ -169,14 +171,12 @@ def saved_tensors(arch: Arch, setup: Setup) -> list[dict]:
     else:
         # Autocast casts the input once per matmul: q, k and v each get their own 16-bit copy.
         rows.append(("layers", "q/k/v projection input", t * d, e, L * (3 if amp else 1), False))
-        if (
-            arch.attention == "flash"
-        ):  # a fused GPU kernel (FlashAttention): no score matrix; not measured here
+        if arch.attention == "flash":
+            # a fused GPU kernel (FlashAttention): no score matrix; not measured here
             rows.append(("attention", "q, k, v, output", 4 * t * d, e, L, False))
             rows.append(("attention", "log-sum-exp per row", b * arch.n_heads * setup.seq_len, 4, L, False))
-        elif (
-            arch.attention == "sdpa"
-        ):  # CPU math kernel (dropout > 0): computes in fp32 even for 16-bit inputs
+        elif arch.attention == "sdpa":
+            # CPU math kernel (dropout > 0): computes in fp32 even for 16-bit inputs
             rows.append(("attention", "q, k (scaled), v (fp32)", 3 * t * d, 4, L, False))
             rows.append(("attention", "probs, dropout mask, dropped probs", 3 * s, 4, L, False))
         else:
@@ -246,12 +246,12 @@ def backward_peak(arch: Arch, setup: Setup) -> int:
     block = sum(
         r["bytes"] for r in full if r["where"] != "embeddings" and r["where"] != "head" and not r["alias"]
     )
-    block //= L
+    block //= L  # every block saves the same: one block's share
     embeddings = sum(r["bytes"] for r in full if r["where"] == "embeddings" and not r["alias"])
     block_grads = 4 * (4 * (d * d + d) + 4 * d + 2 * d * f + f + d)
     return max(
         embeddings
-        + (i + 1) * 4 * t * d
+        + (i + 1) * 4 * t * d  # the checkpointed fp32 inputs of blocks 0..i, still held
         + block
         + head_grads
         + (L - 1 - i) * block_grads
@@ -289,7 +289,7 @@ def single_layer_step_peak(optimizer: str, shape: tuple[int, int] = (512, 512)) 
     peak = TensorPeak("cpu")
     peak.start()
     opt.step()
-    return peak.stop() * 2**20 / layer.weight.numel()
+    return peak.stop() * 2**20 / layer.weight.numel()  # TensorPeak reports MiB
 
 
 def per_rank(parts: dict[str, int], stage: str, world_size: int) -> dict[str, float]:
@@ -353,7 +353,7 @@ def measure(model: torch.nn.Module, batch: dict, setup: Setup, lr: float = 1e-4)
     loss.backward()
     optimizer.step()
     states = model_state_bytes(model, optimizer)  # weights, gradients (.grad) and optimizer.state
-    optimizer.zero_grad(set_to_none=True)
+    optimizer.zero_grad(set_to_none=True)  # gradients freed before the measured step, as predict() assumes
 
     peak = TensorPeak(device)
     peak.start()
@@ -362,7 +362,7 @@ def measure(model: torch.nn.Module, batch: dict, setup: Setup, lr: float = 1e-4)
     loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    peak_bytes = peak.stop() * 2**20
+    peak_bytes = peak.stop() * 2**20  # TensorPeak reports MiB
     enable_checkpointing(model, False)
     return {
         **states,
@@ -386,6 +386,7 @@ def token_batch(arch: Arch, batch: int, seq_len: int, device="cpu", seed: int = 
     """A batch of random token ids with no padding (the shapes the model assumes) and random labels."""
     gen = torch.Generator().manual_seed(seed)
     return {
+        # ids from 5 up: no special token (the embedded vocabulary's [PAD] .. [MASK] are 0-4)
         "input_ids": torch.randint(5, arch.vocab_size, (batch, seq_len), generator=gen).to(device),
         "attention_mask": torch.ones(batch, seq_len, dtype=torch.long, device=device),
         "labels": torch.randint(0, arch.num_labels, (batch,), generator=gen).to(device),
@@ -398,7 +399,7 @@ def check_grid(setups: list[Setup], device="cpu", seed: int = 0) -> list[dict]:
 
     rows = []
     for setup in setups:
-        torch.manual_seed(seed)
+        torch.manual_seed(seed)  # the same random classifier head for every setup
         model = load_model().to(device)
         arch = Arch.from_config(model.config)
         measured = measure(model, token_batch(arch, setup.batch, setup.seq_len, device, seed), setup)

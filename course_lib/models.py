@@ -21,6 +21,7 @@ def resolve_model_name(name: str | None = None) -> str:
         check_checkpoint_dir(EMBEDDED_MODEL_DIR)
         return str(EMBEDDED_MODEL_DIR)
     path = Path(name).expanduser()
+    # a path-like name that does not exist gets a clear error, not a hub lookup
     if path.exists() or name.startswith((".", "/", "~")):
         check_checkpoint_dir(path)
         return str(path)
@@ -78,7 +79,10 @@ def load_model(name: str | None = None, num_labels: int = 2, pretrained: bool = 
     try:
         try:
             return AutoModelForSequenceClassification.from_pretrained(
-                resolved, num_labels=num_labels, dtype=torch.float32
+                # transformers 5 defaults to "auto", the checkpoint's dtype
+                resolved,
+                num_labels=num_labels,
+                dtype=torch.float32,
             )
         except (OSError, ValueError) as err:
             raise type(err)(
