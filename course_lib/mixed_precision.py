@@ -49,7 +49,9 @@ def normalize_precision(precision: str | None) -> str:
     try:
         label = format_name(p)
     except ValueError:
+        # from None: format_name's error offers float formats, not Accelerate's precision names
         raise ValueError(f"Unknown precision {precision!r}: use 'no' (fp32), 'fp16' or 'bf16'.") from None
+    # "fp32" maps back to Accelerate's "no"
     return next(name for name, spec in PRECISIONS.items() if spec.label == label)
 
 
@@ -131,7 +133,7 @@ def advise_precision(
     candidates = [p for p, s in speedups.items() if p not in unusable and s >= FASTER]
     fastest = max(candidates, key=speedups.get) if candidates else "no"
     if device_type == "cpu":
-        safe = "bf16" if fastest == "bf16" else "no"
+        safe = "bf16" if fastest == "bf16" else "no"  # on a CPU, bf16 only where it measured faster
     elif "bf16" not in unusable and device_type == "cuda":
         safe = "bf16"
     else:
@@ -144,7 +146,7 @@ def measure_matmul(device: torch.device | str | None = None) -> dict[str, float]
     from course_lib.instruments.throughput import matmul_gflops
 
     device = get_device(device)
-    n = 512 if device.type == "cpu" else None
+    n = 512 if device.type == "cpu" else None  # 512: under a second on a CPU; None: matmul_gflops' GPU size
     return {p: matmul_gflops(PRECISIONS[p].dtype, device, n=n)["gflops"] for p in PRECISIONS}
 
 
@@ -208,6 +210,7 @@ def check_precision(precision: str | None, device: torch.device | str | None = N
             stacklevel=2,
         )
     elif (
+        # the default (including_emulation=True) also says True on pre-Ampere GPUs that emulate bf16
         p == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported(including_emulation=False)
     ):
         warnings.warn(
@@ -231,6 +234,7 @@ def precision_label(precision: str) -> str:
 def cpu_has_fast_bf16() -> bool:
     """True when the CPU has native bf16 instructions (AVX512-BF16 or AMX), or is Apple/ARM bf16."""
     flags = cpu_flags()
+    # "bf16": ARM's name, but ARM's /proc/cpuinfo lists it under "Features", which cpu_flags does not read
     return bool({"avx512_bf16", "amx_bf16"} & flags) or "bf16" in flags
 
 
