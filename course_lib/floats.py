@@ -81,6 +81,7 @@ class FormatInfo:
 def smallest_subnormal(fmt: str | torch.dtype) -> float:
     """The smallest positive number ``fmt`` can hold: the bit pattern ``0...01``."""
     dtype = format_dtype(fmt)
+    # the integer 1, reinterpreted below as a float
     one = torch.ones(1, dtype=_INT_VIEW[torch.finfo(dtype).bits])
     return one.view(dtype).item()
 
@@ -91,7 +92,7 @@ def format_info(fmt: str | torch.dtype) -> FormatInfo:
     dtype = FORMATS[name]
     fi = torch.finfo(dtype)
     mantissa = round(-math.log2(fi.eps))  # eps = 2**-mantissa_bits
-    exponent = fi.bits - 1 - mantissa
+    exponent = fi.bits - 1 - mantissa  # one sign bit; the rest is exponent
     return FormatInfo(
         name=name,
         dtype=dtype,
@@ -172,12 +173,14 @@ class BitFields:
 
 def _store(x: float, dtype: torch.dtype) -> torch.Tensor:
     """``x`` converted by torch to ``dtype`` (round to nearest even), shape (1,)."""
+    # via float64: the only rounding is the one into dtype
     return torch.tensor([float(x)], dtype=torch.float64).to(dtype)
 
 
 def float_bits(x: float, fmt: str | torch.dtype) -> BitFields:
     """Sign, exponent and mantissa bits of ``x`` as stored in ``fmt`` (after rounding)."""
     info = format_info(fmt)
+    # the mask turns a negative signed integer into its unsigned bit pattern
     raw = _store(x, info.dtype).view(_INT_VIEW[info.bits]).item() & ((1 << info.bits) - 1)
     b = format(raw, f"0{info.bits}b")
     return BitFields(b[0], b[1 : 1 + info.exponent_bits], b[1 + info.exponent_bits :])
@@ -227,7 +230,7 @@ def rounding(x: float, fmt: str | torch.dtype) -> Rounding:
         abs_err = abs(stored - x)
         rel_err = abs_err / abs(x) if x else 0.0
     else:
-        abs_err = rel_err = 0.0 if (stored == x) else math.inf
+        abs_err = rel_err = 0.0 if (stored == x) else math.inf  # inf kept: no error; finite -> inf: unbounded
     return Rounding(
         x, info.name, stored, abs_err, rel_err, classify(x, stored, info), float_bits(x, info.dtype)
     )
@@ -266,7 +269,8 @@ def fp32_gradients(model: torch.nn.Module, batch: Mapping[str, Any], loss_factor
     """fp32 gradients of ``loss * loss_factor`` on ``batch``: ``{name: grad}`` (each like its param)."""
     model.zero_grad(set_to_none=True)
     out = model(**batch)
-    (out.loss.float() * loss_factor).backward()
+    (out.loss.float() * loss_factor).backward()  # fp32 loss: the factor itself must not overflow
+    # clone: for fp32 CPU parameters .float().cpu() return the gradient itself
     grads = {
         n: p.grad.detach().float().cpu().clone() for n, p in model.named_parameters() if p.grad is not None
     }
@@ -307,7 +311,7 @@ def underflow_stats(
     info = format_info(fmt)
     g = _flat(grads).double() * scale  # float64: the scaling itself must not round or overflow
     nonzero = g != 0
-    cast = g.to(info.dtype).double()
+    cast = g.to(info.dtype).double()  # back to float64 to compare with g
     n_nonzero = int(nonzero.sum())
     underflow = int((nonzero & (cast == 0)).sum())
     overflow = int((torch.isfinite(g) & torch.isinf(cast)).sum())
@@ -353,6 +357,7 @@ def grad_log2_hist(
     values = log2_abs(grads) + math.log2(scale)
     if bins is None:
         lo, hi = (math.floor(values.min()), math.ceil(values.max()) + 1) if values.size else (-30, 20)
+        # at least 2^-30 .. 2^20: the same axis for every model
         bins = np.arange(min(lo, -30), max(hi, 20) + 1)
     counts, edges = np.histogram(values, bins=bins)
     return counts, edges
@@ -380,6 +385,7 @@ def plot_grad_hist(
         ax.hist(values + math.log2(s), bins=bins, alpha=0.55, label=label)
     r = format_log2_range(fmt)
     name = format_name(fmt)
+    # below half the smallest subnormal (log2 - 1) round-to-nearest gives 0
     ax.axvspan(lo, r["smallest_subnormal"] - 1, color="red", alpha=0.08)
     ax.axvspan(r["smallest_subnormal"] - 1, r["smallest_normal"], color="orange", alpha=0.06)
     ax.axvline(r["smallest_subnormal"] - 1, color="red", ls="--", lw=1, label=f"{name}: below this -> 0")
