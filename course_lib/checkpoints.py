@@ -1,7 +1,7 @@
 """Checkpoints of a (distributed) training run: safetensors for tensors, JSON for the rest.
 
-Written atomically (a temporary folder, then a rename) by the main process: a killed run never leaves
-a half-written checkpoint. A checkpoint holds the model, the optimizer state, the GradScaler's state,
+Written atomically by the main process (``_write_atomically``): a killed run never leaves a
+half-written checkpoint. A checkpoint holds the model, the optimizer state, the GradScaler's state,
 the step, every rank's RNG state and the run's configuration, so ``--resume`` continues to the same
 final parameters as an uninterrupted run (``course_lib.training.resume``).
 """
@@ -26,6 +26,7 @@ NESTED = "/"  # joins a nested state entry's keys in an optimizer file (bitsandb
 
 def checkpoint_dir(output_dir: str | Path, step: int) -> Path:
     """``<output_dir>/checkpoint-<step>``."""
+    # zero-padded: the folders sort by step in a listing too
     return Path(output_dir) / f"checkpoint-{step:06d}"
 
 
@@ -36,7 +37,7 @@ def list_checkpoints(output_dir: str | Path) -> list[tuple[int, Path]]:
     if root.is_dir():
         for child in root.iterdir():
             match = CHECKPOINT_RE.match(child.name)
-            if match and (child / "state.json").is_file():
+            if match and (child / "state.json").is_file():  # state.json: a folder this code wrote
                 found.append((int(match.group(1)), child))
     return sorted(found)
 
@@ -122,7 +123,7 @@ def read_optimizer_state(path: Path) -> dict:
     with safe_open(str(path), framework="pt") as f:
         metadata = f.metadata()
         for name in f.keys():
-            _, index, key = name.split(".", 2)
+            _, index, key = name.split(".", 2)  # "state.<index>.<key>"; maxsplit: a key may hold dots
             put(index, key, f.get_tensor(name))
     for name, value in json.loads(metadata["other"]).items():
         put(*name.split(".", 1), value)
@@ -169,7 +170,7 @@ def _write_atomically(final: Path, write) -> None:
     tmp.mkdir(parents=True)
     write(tmp)
     if final.exists():
-        shutil.rmtree(final)
+        shutil.rmtree(final)  # os.replace cannot replace a non-empty folder
     os.replace(tmp, final)
 
 
@@ -222,9 +223,9 @@ def save_checkpoint(
             (folder / "state.json").write_text(json.dumps(state, indent=1))
 
         _write_atomically(final, write)
-        for _, old in list_checkpoints(output_dir)[:-keep]:
+        for _, old in list_checkpoints(output_dir)[:-keep]:  # keep >= 1 (the CLI checks): [:-0] keeps all
             shutil.rmtree(old, ignore_errors=True)
-    accelerator.wait_for_everyone()
+    accelerator.wait_for_everyone()  # no rank goes on before the main process has written it
     return final
 
 
@@ -240,8 +241,10 @@ def load_checkpoint(path: Path, model, optimizer, accelerator) -> int:
         optimizer_state = _by_name(read_optimizer_state(path / "optimizer.safetensors"), path)
         fsdp.load_full_state(model, optimizer, load_file(str(path / "model.safetensors")), optimizer_state)
     else:
+        # read on the CPU; copied into the model's device
         load_model(model, str(path / "model.safetensors"), device="cpu")
         optimizer_state = read_optimizer_state(
+            # local SGD: this rank's own state
             own if same_world and own.is_file() else path / "optimizer.safetensors"
         )
         if any(isinstance(n, str) for g in optimizer_state["param_groups"] for n in g["params"]):
@@ -251,6 +254,7 @@ def load_checkpoint(path: Path, model, optimizer, accelerator) -> int:
         optimizer.load_state_dict(optimizer_state)
     if accelerator.scaler is not None and state.get("scaler"):
         accelerator.scaler.load_state_dict(state["scaler"])
+    # one saved RNG state per rank: only a same-size run can take them
     if state["world_size"] == accelerator.num_processes:
         with safe_open(str(path / "rng.safetensors"), framework="pt") as f:
             prefix = f"rank{accelerator.process_index}."
@@ -263,6 +267,7 @@ def load_checkpoint(path: Path, model, optimizer, accelerator) -> int:
             f"{accelerator.num_processes}: training continues, but the data order and dropout differ "
             "from an uninterrupted run."
         )
+        # a new stream, still reproducible from seed and step
         seed_everything(state["config"]["seed"] + state["step"])
     return int(state["step"])
 
