@@ -4,9 +4,8 @@
 reduce-scatter and broadcast called through the ``torch.distributed`` module inside the block is
 recorded (DDP's Python comm hooks, ``ZeroRedundancyOptimizer``, FSDP2's ``fully_shard``). The payload
 is the full, unsharded tensor: the all-reduced tensor, the all-gather's output, the reduce-scatter's
-input, the broadcast tensor. ``ring_bytes`` turns a payload into what each rank sends in a ring:
-2 (N - 1) / N for an all-reduce, (N - 1) / N for the others, so one all-gather plus one
-reduce-scatter send what one all-reduce sends. DDP's built-in C++ all-reduce bypasses Python: register
+input, the broadcast tensor. ``ring_bytes`` turns a payload into what each rank sends in a ring
+algorithm. DDP's built-in C++ all-reduce bypasses Python: register
 a Python comm hook (``torch.distributed.algorithms.ddp_comm_hooks.default_hooks.allreduce_hook``) to
 count it. Lessons 03 and 05 (``demos.mixed_precision``, ``demos.local_sgd``) and 06b (``demos.sharding``)
 count with this one counter.
@@ -60,7 +59,8 @@ def ring_bytes(kind: str, payload: int, world_size: int) -> int:
     """Bytes each rank sends for one collective of ``kind`` on ``payload`` bytes, in a ring of ``world_size``."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}.")
-    factor = 2 if kind == "all-reduce" else 1
+    factor = 2 if kind == "all-reduce" else 1  # a ring all-reduce is a reduce-scatter plus an all-gather
+    # each rank sends (N - 1) of N chunks per phase
     return round(factor * payload * (world_size - 1) / world_size)
 
 
@@ -75,6 +75,7 @@ def _counted(name: str, real):
     @functools.wraps(real)
     def wrapper(*args, **kwargs):
         if _ACTIVE and _DEPTH[0] == 0:
+            # bind: positional or keyword
             _ACTIVE[-1].record(kind, signature.bind(*args, **kwargs).arguments[argument])
         _DEPTH[0] += 1
         try:
@@ -93,8 +94,10 @@ def counting_collectives(log: CollectiveLog | None = None) -> Iterator[Collectiv
     counts as the outer one only). Leaving the block restores the functions it found.
     """
     log = CollectiveLog() if log is None else log
+    # not every torch has all six
     saved = {name: getattr(dist, name) for name in _FUNCTIONS if hasattr(dist, name)}
     for name, real in saved.items():
+        # on the module: seen by callers that look dist.<name> up at call time, not by earlier `from` imports
         setattr(dist, name, _counted(name, real))
     _ACTIVE.append(log)
     try:

@@ -34,7 +34,7 @@ def _quiet_stderr_fd():
         yield
         return
     devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 2)
+    os.dup2(devnull, 2)  # fd 2 itself: the profiler's C++ writes bypass sys.stderr
     try:
         yield
     finally:
@@ -101,14 +101,14 @@ def _peak_from_profiler(prof) -> float:
     """Peak of the running sum of CPU tensor allocations recorded by ``prof`` (bytes above the start)."""
     events = prof.profiler.kineto_results.events()
     mem = sorted(
-        (e.start_ns(), e.nbytes())
+        (e.start_ns(), e.nbytes())  # a free is an event with negative nbytes
         for e in events
         if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU
     )
     current = peak = 0
     for _, nbytes in mem:
         current += nbytes
-        peak = max(peak, current)
+        peak = max(peak, current)  # current: bytes live above the start
     return float(peak)
 
 
@@ -123,7 +123,7 @@ class TensorPeak:
     def start(self) -> None:
         _stop_active_profiler()
         if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+            torch.cuda.synchronize(self.device)  # queued kernels may still allocate: let them finish
             self._base = torch.cuda.memory_allocated(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
         elif self.device.type == "cpu":
@@ -140,6 +140,7 @@ class TensorPeak:
         """The peak in MiB (NaN where the device has no counter)."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+            # above what was live at start()
             return (torch.cuda.max_memory_allocated(self.device) - self._base) / 2**20
         if self._prof is None:
             return float("nan")
@@ -193,9 +194,10 @@ class SavedTensors:
             self._seen.add(key)
             dtype = str(t.dtype).removeprefix("torch.")
             self.by_dtype[dtype] = self.by_dtype.get(dtype, 0) + tensor_bytes([t])
-        return t
+        return t  # the tensor itself, no copy: memory and backward stay as without the hook
 
     def __enter__(self) -> SavedTensors:
+        # unpack: the tensor as packed
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
         self._hooks.__enter__()
         return self

@@ -40,8 +40,8 @@ class StepProbe:
         """After an optimizer step: record its time (and, after the first, the memory peak)."""
         self.step_times.append(self._watch.lap())
         if len(self.step_times) == 1 and self.measure_memory:
-            self.peak_mb = self._peak.stop()
-        self._watch.start()
+            self.peak_mb = self._peak.stop()  # the first step only: on a CPU the profiler slows it
+        self._watch.start()  # after stop(): the profiler's teardown stays out of the next lap
 
     def median_step_time(self, skip: int = 1) -> float:
         """Median seconds per step, ignoring the first ``skip`` (warm-up, and profiled on CPU)."""

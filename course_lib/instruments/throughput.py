@@ -42,6 +42,7 @@ def matmul_gflops(
             timing = measure(n)
     else:
         timing = measure(n)
+    # n^3 multiply-adds, 2 FLOPs each
     return {"n": n, "seconds": timing.median, "gflops": 2 * n**3 / timing.median / 1e9}
 
 
@@ -65,8 +66,8 @@ def per_process_throughput(history, rows_per_step: int, accelerator) -> dict[str
     step_s = history.median_step_time()
     mine = torch.tensor(
         [history.tokens_per_s(), rows_per_step / step_s, step_s],
-        dtype=torch.float64,
-        device=accelerator.device,
+        dtype=torch.float64,  # tokens/s pass the gather unrounded
+        device=accelerator.device,  # nccl gathers CUDA tensors only
     )
     rows = gather(mine.unsqueeze(0)).cpu().tolist()  # (processes, 3)
     return {

@@ -1,8 +1,6 @@
 """Step time, defined once: synchronised wall-clock time between two step boundaries.
 
-GPUs run asynchronously, so every reading first waits for the device's queued work
-(``course_lib.devices.synchronize``); on a CPU that wait is a no-op. Medians, not means: one
-interrupted step must not move the figure.
+Medians, not means: one interrupted step must not move the figure.
 """
 
 from __future__ import annotations
@@ -19,7 +17,7 @@ from course_lib.devices import get_device, synchronize
 
 def median(values: list[float], skip: int = 0) -> float:
     """Median of ``values`` after the first ``skip`` (warm-up); all of them if that leaves none."""
-    kept = values[skip:] or values
+    kept = values[skip:] or values  # too few values to skip: keep them all
     return statistics.median(kept) if kept else float("nan")
 
 
@@ -31,6 +29,7 @@ class Stopwatch:
         self.last: float | None = None
 
     def now(self) -> float:
+        # note: a CPU-GPU sync point: queued GPU work ends before the clock is read (no-op on CPU)
         synchronize(self.device)
         return time.perf_counter()
 
@@ -84,6 +83,7 @@ class StepClock:
         self._handle = model.register_forward_pre_hook(self._stamp)
 
     def _stamp(self, module, args) -> None:
+        # every forward counts, so accumulation's micro-steps and evaluation count too
         self.stamps.append(self.watch.now())
 
     def periods(self) -> list[float]:
