@@ -17,7 +17,7 @@ from course_lib import memory_model as mm
 
 GIB = 2**30
 MODELS: dict[str, mm.Arch] = {
-    "embedded (tiny DistilBERT)": mm.Arch(1200, 128, 512, 3, 4, 128),
+    "embedded (tiny DistilBERT)": mm.Arch(1200, 128, 512, 3, 4, 128),  # assets/tiny-distilbert/config.json
     "DistilBERT-base": mm.Arch(30522, 768, 3072, 6, 12, 512),
     "7B-sized (DistilBERT-shaped)": mm.Arch(32000, 4096, 16384, 32, 32, 4096),
 }
@@ -36,8 +36,10 @@ def estimate(arch: mm.Arch, setup: mm.Setup, stage: str = "ddp", devices: int = 
     parts = mm.predict(arch, setup)
     rank = mm.per_rank(parts, stage, devices)
     activations = sum(r["bytes"] for r in mm.saved_tensors(arch, setup) if not r["alias"])
+    # 0 when the peak is the end of forward
     temporaries = max(0, parts["step peak"] - parts["gradients"] - activations)
     block = 4 * (
+        # fp32 q/k/v/out with biases, lin1 + lin2, lin1's bias, lin2's bias and two LayerNorms (5 d)
         4 * arch.dim * (arch.dim + 1) + 2 * arch.dim * arch.hidden_dim + arch.hidden_dim + 5 * arch.dim
     )
     if stage in ("zero2", "zero3") and devices > 1:
@@ -106,7 +108,7 @@ def estimator(model: str = "DistilBERT-base", device: str = "24 GiB GPU"):
         arch = MODELS[c["model"]]
         if "GPU" in c["device"]:
             arch = replace(arch, attention="flash")  # a fused attention kernel on GPUs (not measured here)
-        seq_len = min(c["seq_len"], arch.max_position_embeddings)
+        seq_len = min(c["seq_len"], arch.max_position_embeddings)  # no longer than the model's position table
         setup = mm.Setup(c["batch"], seq_len, c["precision"], c["checkpointing"], c["optimizer"])
         est = estimate(arch, setup, c["stage"], c["devices"])
         with out:
