@@ -8,9 +8,8 @@
   plain float list beside a ``sampling_rate`` column: ``datasets``' ``Audio`` feature needs
   torchcodec to encode, and torchcodec is not one of the course's dependencies.
 
-Both are driven by ``numpy.random.default_rng([seed, split])``: the same seed gives the same data on
-every machine. ``COURSE_IMAGE_DATASET`` / ``COURSE_AUDIO_DATASET=hub`` (``config.media_sources``)
-load real hub datasets instead (internet needed), converted to the same columns.
+Both are generated from ``seed``: the same seed gives the same data on every machine.
+``COURSE_IMAGE_DATASET`` / ``COURSE_AUDIO_DATASET=hub`` (``config.media_sources``) load real hub datasets instead (internet needed), converted to the same columns.
 
 The models (``assets/tiny-vit``, ``assets/tiny-wav2vec2``) are a small ``ViTForImageClassification``
 and ``Wav2Vec2ForSequenceClassification`` with random weights, built by
@@ -49,7 +48,7 @@ _SPLIT_IDS = {"train": 0, "validation": 1, "test": 2}
 def _rng(seed: int, split: str) -> np.random.Generator:
     if split not in _SPLIT_IDS:
         raise ValueError(f"Unknown split {split!r}: use one of {', '.join(_SPLIT_IDS)}.")
-    return np.random.default_rng([seed, _SPLIT_IDS[split]])
+    return np.random.default_rng([seed, _SPLIT_IDS[split]])  # a stream per (seed, split), the same everywhere
 
 
 def _labels(n: int, classes: int, rng: np.random.Generator) -> list[int]:
@@ -86,6 +85,7 @@ def draw_shape(label: int, rng: np.random.Generator):
         t = r / 3
         draw.rectangle([cx - r, cy - t, cx + r, cy + t], fill=fill)
         draw.rectangle([cx - t, cy - r, cx + t, cy + r], fill=fill)
+    # int16: no uint8 wrap-around
     pixels = np.asarray(image, dtype=np.int16) + rng.integers(-12, 13, size=(height, width, 3))
     return Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8))
 
@@ -120,7 +120,7 @@ def image_transform(image_processor):
     """A ``Dataset.with_transform`` function: PIL images -> ``pixel_values`` (B, 3, H, W), ``labels``."""
 
     def transform(batch):
-        images = [image.convert("RGB") for image in batch["image"]]
+        images = [image.convert("RGB") for image in batch["image"]]  # hub images may be greyscale or RGBA
         pixel_values = image_processor(images, return_tensors="pt")["pixel_values"]
         return {"pixel_values": pixel_values, "labels": torch.tensor(batch["label"])}
 
@@ -133,6 +133,7 @@ def channel_stats(pixels) -> dict[str, list[float]]:
     axes = (
         (0, 1)
         if array.ndim == 3 and array.shape[-1] == 3
+        # every axis but the channel axis (-3)
         else tuple(i for i in range(array.ndim) if i != array.ndim - 3)
     )
     return {"mean": array.mean(axis=axes).round(3).tolist(), "std": array.std(axis=axes).round(3).tolist()}
@@ -155,13 +156,14 @@ def make_clip(label: int, sampling_rate: int, duration: float, rng: np.random.Ge
     else:  # a steady vowel-like tone in one band
         freq = np.full(n, f0 * {"low": 1.0, "mid": 2.5, "high": 6.0}[name])
     envelope = np.sin(np.pi * u) ** 2 * ((t >= start) & (t <= start + word))
-    phase = 2 * np.pi * np.cumsum(freq) / sampling_rate
+    phase = 2 * np.pi * np.cumsum(freq) / sampling_rate  # phase sums the frequency: a glide without jumps
     voiced = np.zeros(n)
     for k, weight in ((1, 1.0), (2, 0.5), (3, 0.25)):  # harmonics, kept below the Nyquist frequency
         if k * freq.max() < 0.45 * sampling_rate:
             voiced += weight * np.sin(k * phase)
+    # 1.75 = 1 + 0.5 + 0.25: at most 1 before the gain
     signal = rng.uniform(0.2, 0.8) * envelope * voiced / 1.75
-    noise = rng.normal(0.0, 1.0, n) * 0.4 * 10 ** (-rng.uniform(10.0, 30.0) / 20)
+    noise = rng.normal(0.0, 1.0, n) * 0.4 * 10 ** (-rng.uniform(10.0, 30.0) / 20)  # 10-30 dB below 0.4
     return (signal + noise).astype(np.float32)
 
 
@@ -169,6 +171,7 @@ def generate_keywords(split: str, seed: int = 0, n: int | None = None) -> dict[s
     """Columns ``audio`` (float list), ``sampling_rate``, ``label``, ``idx`` of one split."""
     rng = _rng(seed, split)
     labels = _labels(AUDIO_SPLITS[split] if n is None else n, len(AUDIO_CLASSES), rng)
+    # every rate equally often
     rates = [SAMPLING_RATES[i % len(SAMPLING_RATES)] for i in rng.permutation(len(labels))]
     durations = rng.uniform(*DURATIONS, size=len(labels))
     clips = [make_clip(y, sr, float(d), rng) for y, sr, d in zip(labels, rates, durations)]
@@ -211,6 +214,7 @@ def _keyword_split(columns: dict[str, list], features):
         {
             "audio": audio,
             **{
+                # ClassLabel's Arrow type is int64
                 k: pa.array(columns[k], pa.int32() if k != "label" else pa.int64())
                 for k in ("sampling_rate", "label", "idx")
             },
@@ -243,7 +247,8 @@ def resample(wave, orig_rate: int, target_rate: int) -> np.ndarray:
     kept = np.zeros(m // 2 + 1, dtype=complex)
     keep = min(spectrum.size, kept.size)
     kept[:keep] = spectrum[:keep]  # drop everything above the lower Nyquist frequency
-    out = np.fft.irfft(kept, n=m) * (m / n)
+    out = np.fft.irfft(kept, n=m) * (m / n)  # irfft divides by m, not n: keeps the amplitude
+    # drop the zero-padding's share
     return out[: int(round(wave.size * target_rate / orig_rate))].astype(np.float32)
 
 
