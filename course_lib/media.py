@@ -9,7 +9,8 @@
   torchcodec to encode, and torchcodec is not one of the course's dependencies.
 
 Both are generated from ``seed``: the same seed gives the same data on every machine.
-``COURSE_IMAGE_DATASET`` / ``COURSE_AUDIO_DATASET=hub`` (``config.media_sources``) load real hub datasets instead (internet needed), converted to the same columns.
+``COURSE_IMAGE_DATASET`` / ``COURSE_AUDIO_DATASET=hub`` (``config.media_sources``) load real hub
+datasets instead (internet needed), converted to the same columns.
 
 The models (``assets/tiny-vit``, ``assets/tiny-wav2vec2``) are a small ``ViTForImageClassification``
 and ``Wav2Vec2ForSequenceClassification`` with random weights, built by
