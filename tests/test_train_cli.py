@@ -1,5 +1,6 @@
 """``python -m course_lib.cli.train``: one process, two processes under torchrun, and kill / resume."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -10,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from course_lib import checkpoints, models
+from course_lib import checkpoints, models, training
 from course_lib.cli import train as command
 
 # Without CUDA the command finds the CPU by itself (the point of the test); with GPUs, stay on the CPU.
@@ -178,6 +179,15 @@ def test_torchrun_local_sgd_keeps_rank_states_apart_and_resumes_bit_exactly(tmp_
         (["--local-sgd-steps", "0"], "--local-sgd-steps must be >= 1"),
         (["--local-sgd-steps", "3", "--save-every", "4"], "not a multiple of --local-sgd-steps"),
         (["--local-sgd-steps", "2", "--save-every", "4", "--comm-hook", "fp16"], "use one of the two"),
+        (["--max-grad-norm", "0"], "--max-grad-norm must be positive (or None: no clipping)"),
+        (["--max-grad-norm", "big"], "invalid float value"),
+        (
+            ["--optimizer", "adafactor", "--fused-adamw", "yes"],
+            "--fused-adamw applies to --optimizer adamw only",
+        ),
+        (["--fsdp", "--local-sgd-steps", "2", "--save-every", "4"], "use --fsdp or those, not both"),
+        (["--fsdp", "--optimizer", "adafactor"], "--fsdp runs with --optimizer adamw only"),
+        (["--warmup-ratio", "1"], "--warmup-ratio in [0, 1)"),
     ],
 )
 def test_bad_flags_exit_2_with_a_message(argv, message, capsys):
@@ -185,6 +195,20 @@ def test_bad_flags_exit_2_with_a_message(argv, message, capsys):
         command.parse_args(argv)
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_training_flags_are_train_configs_fields_declared_once():
+    """Every TrainConfig field is a flag or set by the command (both ways); defaults come from it."""
+    names = {f.name for f in dataclasses.fields(training.TrainConfig)}
+    assert set(command.TRAIN_FLAGS) | set(command.SET_BY_COMMAND) == names
+    assert not set(command.TRAIN_FLAGS) & set(command.SET_BY_COMMAND)
+    assert command.parse_args([]).train == training.TrainConfig()  # the same defaults, no second copy
+    cfg = command.parse_args(["--lr", "1e-3", "--no-eval", "--fused-adamw", "no", "--max-grad-norm", "none"])
+    assert (cfg.train.lr, cfg.train.eval_every_epoch, cfg.train.fused_optimizer) == (1e-3, False, False)
+    assert cfg.train.max_grad_norm is None
+    flat = cfg.as_dict()
+    assert "train" not in flat and flat["lr"] == 1e-3 and flat["batch_size"] == 16
+    assert set(flat) == names | {f.name for f in dataclasses.fields(cfg)} - {"train"}
 
 
 def test_resume_without_a_checkpoint_says_what_to_do(tmp_path):

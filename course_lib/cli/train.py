@@ -12,7 +12,8 @@ It trains with the course's one loop (``course_lib.training.train``); this file 
 (``course_lib.distributed.ShardedLoader``), checkpoints (``course_lib.checkpoints``), ``--resume``, and
 a throughput report per process and in total. See ``docs/distributed.md``.
 
-About 440 lines because the command's flags, set-up and run read best in one file, top to bottom.
+About 480 lines because the command's flags, set-up and run read best in one file, top to bottom. Its
+training flags are ``TrainConfig``'s fields (``TRAIN_FLAGS``: one declaration, one validation).
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args, get_type_hints
 
 import torch
 
@@ -40,73 +42,104 @@ EXIT_BAD_INPUT = 2
 EXIT_STOPPED = 3  # --stop-after-steps: the run "dies" after a checkpoint, like a killed job
 
 
+# The training options are ``TrainConfig``'s fields: their types, defaults and checks come from there
+# (declared once, validated once in ``TrainConfig.__post_init__``). The command adds only each flag's
+# name, group and help. Fields it sets itself: precision (``--precision``, resolved against the
+# launcher), device (the launcher and ``--cpu``), compile_dynamic (from ``--padding``).
+SET_BY_COMMAND = ("precision", "device", "compile_dynamic")
+TECHNIQUES, RECIPE = (
+    "techniques (lessons 04-06b)",
+    "recipe switches (lesson 07: python -m course_lib.cli.recipe prints a line)",
+)
+TRAIN_FLAGS: dict[str, tuple[str | None, str, tuple[str, ...]]] = {  # field: (group, help, flags)
+    "epochs": (None, "passes over the training rows", ()),
+    "max_steps": (None, "optimizer steps (overrides --epochs)", ()),
+    "lr": (None, "peak learning rate (linear warm-up, then linear decay)", ()),
+    "weight_decay": (None, "AdamW's decoupled weight decay (none on biases and LayerNorm)", ()),
+    "warmup_ratio": (None, "share of the steps spent warming up", ()),
+    "grad_accum_steps": (None, "micro-batches per optimizer step", ()),
+    "max_grad_norm": (None, "clip the gradients' global norm to this ('none': no clipping)", ()),
+    "seed": (None, "data order, dropout and the classifier head's initialisation", ()),
+    "progress": (None, "no progress bar", ("--no-progress",)),
+    "eval_every_epoch": (None, "skip the per-epoch evaluation", ("--no-eval",)),
+    "optimizer": (
+        TECHNIQUES,
+        "AdamW (8 bytes of state per parameter), Adafactor (factored), 8-bit AdamW (bitsandbytes)",
+        (),
+    ),
+    "gradient_checkpointing": (
+        TECHNIQUES,
+        "recompute activations in backward: less memory, about one extra forward pass",
+        (),
+    ),
+    "local_sgd_steps": (
+        TECHNIQUES,
+        "N processes: average the parameters every N optimizer steps instead of the gradients every step",
+        (),
+    ),
+    "comm_hook": (
+        TECHNIQUES,
+        "N processes: all-reduce gradients in 16 bits (bf16 needs NCCL, i.e. GPUs)",
+        (),
+    ),
+    "fsdp": (
+        TECHNIQUES,
+        "N processes: shard parameters, gradients and AdamW state (FSDP2 fully_shard) instead of DDP",
+        (),
+    ),
+    "fused_optimizer": (
+        RECIPE,
+        "AdamW's fused kernel (auto: where torch has it; no: the default for-loop kernel)",
+        ("--fused-adamw",),
+    ),
+    "attn_implementation": (RECIPE, "attention kernels (default: as the model loads)", ()),
+    "compile": (RECIPE, "torch.compile the model for training (compilation counts in the run's time)", ()),
+}
+CHOICES = {
+    "optimizer": training.OPTIMIZERS,
+    "comm_hook": COMM_HOOKS,
+    "attn_implementation": training.ATTENTION,
+}
+TRI_STATE = {"auto": None, "yes": True, "no": False}  # a bool | None field's flag values
+
+
 @dataclass
 class RunConfig:
-    """Everything one run of the command is told (logged with ``asdict`` into ``metrics.json``)."""
+    """Everything one run of the command is told: its own settings, and the loop's ``TrainConfig``."""
 
     model: str | None = None  # None: the COURSE_MODEL switch (embedded by default)
     dataset: str | None = None  # None: the COURSE_DATASET switch; "embedded" or "hub"
     precision: str | None = None  # "no" | "bf16" | "fp16" | "auto"; None: the launcher's setting, else "no"
     batch_size: int = 16  # per process: the global batch is batch_size x processes x grad_accum_steps
-    grad_accum_steps: int = 1
-    epochs: int = 1
-    max_steps: int | None = None  # optimizer steps; None: all epochs
-    lr: float = 5e-4
-    max_grad_norm: float | None = 1.0
-    seed: int = 0
     train_rows: int | None = None  # first N training rows; None: all
     eval_rows: int | None = None  # first N validation rows; None: all
     max_length: int = 128
-    evaluate: bool = True
     output_dir: str = "runs/train"
     save_every: int = 100  # optimizer steps between checkpoints (and always at the end)
     keep_checkpoints: int = 2
     resume: str | None = None  # "latest" (in output_dir) or a checkpoint folder
     stop_after_steps: int | None = None  # simulate a crash after this step (tests, demos)
     cpu: bool = False
-    progress: bool = True
-    optimizer: str = "adamw"  # "adamw" | "adafactor" | "adamw8bit"
-    gradient_checkpointing: bool = False
-    local_sgd_steps: int | None = None  # average parameters every N steps instead of gradients every step
-    comm_hook: str = "none"  # "none" | "fp16" | "bf16" (NCCL only): 16-bit gradients on the wire
-    fsdp: bool = False  # shard parameters, gradients and optimizer state over the processes (FSDP2)
-    padding: str = (
-        "dynamic"  # "dynamic" (each batch to its longest row) | "max_length" (every batch to max_length)
-    )
+    padding: str = "dynamic"  # "dynamic" (each batch to its longest row) | "max_length" (all to max_length)
     pad_multiple: int | None = (
         None  # dynamic padding rounded up to a multiple of this; None: 8 under fp16/bf16
     )
     group_by_length: bool = False  # batches of similar lengths (one process)
-    fused_adamw: str = "auto"  # "auto" (fused where torch has the kernel) | "yes" | "no"
-    attn_implementation: str | None = None  # "eager" | "sdpa"; None: as the model loads
-    compile: bool = False  # torch.compile the model (compilation counts in the run's time)
+    train: training.TrainConfig = field(default_factory=training.TrainConfig)  # the loop's settings
 
     def __post_init__(self) -> None:
-        for name in (
-            "batch_size",
-            "grad_accum_steps",
-            "epochs",
-            "max_length",
-            "save_every",
-            "keep_checkpoints",
-        ):
+        for name in ("batch_size", "max_length", "save_every", "keep_checkpoints"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}.")
-        for name in ("max_steps", "train_rows", "eval_rows", "stop_after_steps", "local_sgd_steps"):
+        for name in ("train_rows", "eval_rows", "stop_after_steps"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1 (or left out), got {value}.")
-        if self.lr <= 0:
-            raise ValueError(f"--lr must be positive, got {self.lr}.")
-        if self.local_sgd_steps and self.save_every % self.local_sgd_steps:
+        local_sgd_steps = self.train.local_sgd_steps
+        if local_sgd_steps and self.save_every % local_sgd_steps:
             raise ValueError(
-                f"--save-every {self.save_every} is not a multiple of --local-sgd-steps {self.local_sgd_steps}: "
+                f"--save-every {self.save_every} is not a multiple of --local-sgd-steps {local_sgd_steps}: "
                 "a checkpoint must hold the averaged parameters. Pick --save-every as a multiple of it."
-            )
-        if self.local_sgd_steps and self.comm_hook != "none":
-            raise ValueError(
-                "--comm-hook compresses DDP's per-step gradient all-reduce, which --local-sgd-steps turns "
-                "off (it averages parameters instead): use one of the two."
             )
         if self.precision not in (None, "auto"):
             self.precision = normalize_precision(self.precision)
@@ -114,10 +147,56 @@ class RunConfig:
             raise ValueError(f"--padding must be 'dynamic' or 'max_length', got {self.padding!r}.")
         if self.pad_multiple is not None and (self.pad_multiple < 1 or self.padding != "dynamic"):
             raise ValueError("--pad-multiple needs --padding dynamic and a value >= 1.")
-        if self.fused_adamw not in ("auto", "yes", "no"):
-            raise ValueError(f"--fused-adamw must be auto, yes or no, got {self.fused_adamw!r}.")
-        if self.fused_adamw != "auto" and self.optimizer != "adamw":
-            raise ValueError("--fused-adamw applies to --optimizer adamw only.")
+
+    def as_dict(self) -> dict[str, Any]:
+        """The command's settings and the loop's, in one flat dict (``metrics.json``, checkpoints)."""
+        own = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "train"}
+        return {**own, **asdict(self.train)}
+
+
+def _flag(name: str) -> str:
+    """The flag a ``TrainConfig`` field is set by (the first of its flags)."""
+    return (TRAIN_FLAGS[name][2] or (f"--{name.replace('_', '-')}",))[0]
+
+
+def _flags_in(message: str) -> str:
+    """A ``TrainConfig`` error message in the command's words: each field name as its flag."""
+    for name in sorted(TRAIN_FLAGS, key=len, reverse=True):
+        message = re.sub(rf"(?<![\w.-]){name}(?!\w)", _flag(name), message)
+    return message
+
+
+def _or_none(kind):
+    """An argparse type for an ``X | None`` field: a number, or 'none'."""
+
+    def parse(text: str):
+        return None if text.lower() == "none" else kind(text)
+
+    parse.__name__ = kind.__name__  # argparse names the type in its error message
+    return parse
+
+
+def _add_train_options(parser: argparse.ArgumentParser) -> dict[str | None, Any]:
+    """One flag per ``TRAIN_FLAGS`` field, its type, default and choices read from ``TrainConfig``;
+    returns the argument groups by title."""
+    hints, defaults = get_type_hints(training.TrainConfig), training.TrainConfig()
+    groups: dict[str | None, Any] = {None: parser}
+    for name, (group, help_text, flags) in TRAIN_FLAGS.items():
+        if group not in groups:
+            groups[group] = parser.add_argument_group(group)
+        kind, default = hints[name], getattr(defaults, name)
+        flags = flags or (f"--{name.replace('_', '-')}",)
+        add = groups[group].add_argument
+        if kind is bool:
+            add(*flags, dest=name, action="store_false" if default else "store_true", help=help_text)
+        elif kind == bool | None:  # auto / yes / no
+            add(*flags, dest=name, default="auto", choices=list(TRI_STATE), help=help_text)
+        else:
+            base = next(t for t in get_args(kind) or (kind,) if t is not type(None))
+            choices = list(CHOICES[name]) if name in CHOICES else None
+            parse = base if choices or base is str or default is None else _or_none(base)
+            add(*flags, dest=name, type=parse, default=default, choices=choices, help=help_text)
+    return groups
 
 
 def parse_args(argv: list[str] | None = None) -> RunConfig:
@@ -137,14 +216,6 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
         help="no (fp32), bf16, fp16 (GPU only) or auto (default: accelerate launch's --mixed_precision, else no)",
     )
     p.add_argument("--batch-size", type=int, default=d.batch_size, help="per process")
-    p.add_argument("--grad-accum-steps", type=int, default=d.grad_accum_steps)
-    p.add_argument("--epochs", type=int, default=d.epochs)
-    p.add_argument("--max-steps", type=int, default=d.max_steps, help="optimizer steps (overrides --epochs)")
-    p.add_argument("--lr", type=float, default=d.lr)
-    p.add_argument(
-        "--max-grad-norm", type=float, default=d.max_grad_norm, help="clip the gradients' global norm"
-    )
-    p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument(
         "--train-rows", type=int, default=d.train_rows, help="first N training rows (default: all)"
     )
@@ -152,7 +223,6 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
         "--eval-rows", type=int, default=d.eval_rows, help="first N validation rows (default: all)"
     )
     p.add_argument("--max-length", type=int, default=d.max_length, help="tokens per sentence pair")
-    p.add_argument("--no-eval", dest="evaluate", action="store_false", help="skip the per-epoch evaluation")
     p.add_argument("--output-dir", default=d.output_dir, help="checkpoints, final model, metrics.json")
     p.add_argument("--save-every", type=int, default=d.save_every, help="checkpoint every N optimizer steps")
     p.add_argument("--keep-checkpoints", type=int, default=d.keep_checkpoints, help="newest N are kept")
@@ -165,39 +235,7 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
     )
     p.add_argument("--stop-after-steps", type=int, default=None, help="exit with status 3 after step N")
     p.add_argument("--cpu", action="store_true", help="train on the CPU even if GPUs are present")
-    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
-    techniques = p.add_argument_group("techniques (lessons 04-06)")
-    techniques.add_argument(
-        "--optimizer",
-        default=d.optimizer,
-        choices=list(training.OPTIMIZERS),
-        help="AdamW (8 bytes of state per parameter), Adafactor (factored), 8-bit AdamW (bitsandbytes)",
-    )
-    techniques.add_argument(
-        "--gradient-checkpointing",
-        action="store_true",
-        help="recompute activations in backward: less memory, about one extra forward pass",
-    )
-    techniques.add_argument(
-        "--local-sgd-steps",
-        type=int,
-        default=d.local_sgd_steps,
-        help="N processes: average the parameters every N optimizer steps instead of the gradients every step",
-    )
-    techniques.add_argument(
-        "--comm-hook",
-        default=d.comm_hook,
-        choices=list(COMM_HOOKS),
-        help="N processes: all-reduce gradients in 16 bits (bf16 needs NCCL, i.e. GPUs)",
-    )
-    techniques.add_argument(
-        "--fsdp",
-        action="store_true",
-        help="N processes: shard parameters, gradients and AdamW state (FSDP2 fully_shard) instead of DDP",
-    )
-    recipe = p.add_argument_group(
-        "recipe switches (lesson 07: python -m course_lib.cli.recipe prints a line)"
-    )
+    recipe = _add_train_options(p)[RECIPE]
     recipe.add_argument(
         "--padding",
         default=d.padding,
@@ -210,21 +248,14 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
     recipe.add_argument(
         "--group-by-length", action="store_true", help="batches of similar lengths (one process only)"
     )
-    recipe.add_argument(
-        "--fused-adamw",
-        default=d.fused_adamw,
-        choices=["auto", "yes", "no"],
-        help="AdamW's fused kernel (auto: where torch has it; no: the default for-loop kernel)",
-    )
-    recipe.add_argument(
-        "--attn-implementation", default=d.attn_implementation, choices=list(training.ATTENTION)
-    )
-    recipe.add_argument("--compile", action="store_true", help="torch.compile the model for training")
-    args = p.parse_args(argv)
+    args = vars(p.parse_args(argv))
+    train_args = {name: args.pop(name) for name in TRAIN_FLAGS}
+    if "fused_optimizer" in train_args:
+        train_args["fused_optimizer"] = TRI_STATE[train_args["fused_optimizer"]]
     try:
-        return RunConfig(**vars(args))
+        return RunConfig(**args, train=training.TrainConfig(**train_args))
     except ValueError as err:
-        p.error(str(err))  # exits with status 2
+        p.error(_flags_in(str(err)))  # exits with status 2
         raise  # unreachable
 
 
@@ -296,7 +327,7 @@ def make_loaders(cfg: RunConfig, accelerator, tokenizer, train_split, val_split)
         tokenizer,
         cfg.batch_size,
         precision=precision,
-        seed=cfg.seed,
+        seed=cfg.train.seed,
         pad_to=cfg.max_length if cfg.padding == "max_length" else None,
         pad_multiple=cfg.pad_multiple,
         group_by_length=cfg.group_by_length,
@@ -305,13 +336,14 @@ def make_loaders(cfg: RunConfig, accelerator, tokenizer, train_split, val_split)
         device=accelerator.device,
     )
     eval_loader = data.make_dataloader(val_split, tokenizer, 2 * cfg.batch_size, precision=precision)
-    eval_loader.generator = torch.Generator().manual_seed(cfg.seed)  # keep the global RNG untouched
+    eval_loader.generator = torch.Generator().manual_seed(cfg.train.seed)  # keep the global RNG untouched
     return train_loader, eval_loader
 
 
 def total_steps(cfg: RunConfig, batches_per_epoch: int) -> int:
     """Optimizer steps the run makes in all (what ``training.train`` computes)."""
-    return cfg.max_steps or math.ceil(batches_per_epoch / cfg.grad_accum_steps) * cfg.epochs
+    t = cfg.train
+    return t.max_steps or math.ceil(batches_per_epoch / t.grad_accum_steps) * t.epochs
 
 
 # ---------------------------------------------------------------------------------------------
@@ -332,18 +364,20 @@ def run(cfg: RunConfig) -> dict[str, Any]:
         f"{' (' + state.backend + ')' if state.backend else ''}, device {accelerator.device.type}, "
         f"precision {accelerator.mixed_precision}, {threads} torch thread(s) per process"
     )
-    seed_everything(cfg.seed)
+    seed_everything(cfg.train.seed)
     with accelerator.main_process_first():  # a hub download happens once
         tokenizer, train_split, val_split = load_splits(cfg)
         model = models.load_model(cfg.model)
     n_params = sum(p.numel() for p in model.parameters())
     train_loader, eval_loader = make_loaders(cfg, accelerator, tokenizer, train_split, val_split)
-    if cfg.fsdp or fsdp.accelerator_shards(accelerator):  # before the optimizer: it holds the shards
+    if cfg.train.fsdp or fsdp.accelerator_shards(accelerator):  # before the optimizer: it holds the shards
         fsdp.shard_model(model.to(accelerator.device))
     held = gather_object([fsdp.local_numel(model)])  # parameters each rank holds (collective)
     log(f"parameters: {n_params}, held per process: {held}")
-    fused = {"auto": None, "yes": True, "no": False}[cfg.fused_adamw]
-    optimizer = training.make_optimizer(model, cfg.lr, weight_decay=0.01, fused=fused, name=cfg.optimizer)
+    t = cfg.train
+    optimizer = training.make_optimizer(
+        model, t.lr, t.weight_decay, fused=t.fused_optimizer, name=t.optimizer
+    )
     steps = total_steps(cfg, len(train_loader))
 
     start_step = 0
@@ -351,9 +385,9 @@ def run(cfg: RunConfig) -> dict[str, Any]:
     if resume_from is not None:
         start_step = checkpoints.load_checkpoint(resume_from, model, optimizer, accelerator)
         log(f"resumed from {resume_from} at step {start_step}")
-    global_batch = cfg.batch_size * cfg.grad_accum_steps * accelerator.num_processes
+    global_batch = cfg.batch_size * t.grad_accum_steps * accelerator.num_processes
     log(
-        f"batch {cfg.batch_size} per process x {cfg.grad_accum_steps} accumulation x "
+        f"batch {cfg.batch_size} per process x {t.grad_accum_steps} accumulation x "
         f"{accelerator.num_processes} process(es) = {global_batch} rows per step; "
         f"{len(train_split)} training rows, {len(train_loader)} batches per process per epoch; "
         f"steps {start_step + 1}..{steps}"
@@ -371,9 +405,9 @@ def run(cfg: RunConfig) -> dict[str, Any]:
                 model,
                 optimizer,
                 accelerator,
-                asdict(cfg),
+                cfg.as_dict(),
                 cfg.keep_checkpoints,
-                per_rank_optimizer=bool(cfg.local_sgd_steps),  # each rank's own state under local SGD
+                per_rank_optimizer=bool(t.local_sgd_steps),  # each rank's own state under local SGD
             )
             log(f"step {step}: checkpoint {path}")
         if cfg.stop_after_steps is not None and step >= cfg.stop_after_steps and step < steps:
@@ -381,41 +415,27 @@ def run(cfg: RunConfig) -> dict[str, Any]:
             sys.stdout.flush()
             os._exit(EXIT_STOPPED)  # no clean-up at all, like SIGKILL
 
-    train_cfg = training.TrainConfig(
-        epochs=cfg.epochs,
-        max_steps=cfg.max_steps,
-        lr=cfg.lr,
-        max_grad_norm=cfg.max_grad_norm,
+    train_cfg = replace(  # the loop's settings, with what the command decided
+        t,
         precision=accelerator.mixed_precision,
-        grad_accum_steps=cfg.grad_accum_steps,
-        seed=cfg.seed,
-        progress=cfg.progress,
-        eval_every_epoch=cfg.evaluate,
-        optimizer=cfg.optimizer,
-        gradient_checkpointing=cfg.gradient_checkpointing,
-        local_sgd_steps=cfg.local_sgd_steps,
-        comm_hook=cfg.comm_hook,
-        attn_implementation=cfg.attn_implementation,
-        compile=cfg.compile,
-        fsdp=cfg.fsdp,
-        compile_dynamic=True if cfg.compile and cfg.padding == "dynamic" else None,
+        compile_dynamic=True if t.compile and cfg.padding == "dynamic" else None,
     )
     started = time.perf_counter()
     history = training.train(
         model,
         train_loader,
         train_cfg,
-        eval_dataloader=eval_loader if cfg.evaluate else None,
+        eval_dataloader=eval_loader if t.eval_every_epoch else None,
         accelerator=accelerator,
         optimizer=optimizer,
         start_step=start_step,
         on_step=on_step,
     )
     wall_s = time.perf_counter() - started
-    tp = per_process_throughput(history, cfg.batch_size * cfg.grad_accum_steps, accelerator)
+    tp = per_process_throughput(history, cfg.batch_size * t.grad_accum_steps, accelerator)
     final = checkpoints.save_final_model(cfg.output_dir, model, tokenizer, accelerator)
     metrics = {
-        "config": asdict(cfg),
+        "config": cfg.as_dict(),
         "processes": accelerator.num_processes,
         "distributed_type": state.distributed_type.value,
         "backend": state.backend,

@@ -88,6 +88,24 @@ class TrainConfig:
             raise ValueError(f"comm_hook must be one of {', '.join(COMM_HOOKS)}, got {self.comm_hook!r}.")
         if self.local_sgd_steps is not None and self.local_sgd_steps < 1:
             raise ValueError(f"local_sgd_steps must be >= 1 (or None), got {self.local_sgd_steps}.")
+        if self.local_sgd_steps and self.comm_hook != "none":
+            raise ValueError(
+                "comm_hook compresses DDP's per-step gradient all-reduce, which local_sgd_steps turns off "
+                "(it averages parameters instead): use one of the two."
+            )
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1 (or None: all epochs), got {self.max_steps}.")
+        if self.max_grad_norm is not None and self.max_grad_norm <= 0:
+            raise ValueError(
+                f"max_grad_norm must be positive (or None: no clipping), got {self.max_grad_norm}."
+            )
+        if self.weight_decay < 0 or not 0 <= self.warmup_ratio < 1:
+            raise ValueError(
+                f"weight_decay must be >= 0 and warmup_ratio in [0, 1), got {self.weight_decay} and "
+                f"{self.warmup_ratio}."
+            )
+        if self.fused_optimizer is not None and self.optimizer != "adamw":
+            raise ValueError("fused_optimizer applies to optimizer adamw only: leave it None for the others.")
         if self.grad_accum_steps < 1:
             raise ValueError(f"grad_accum_steps must be >= 1, got {self.grad_accum_steps}.")
         if self.epochs < 1 and not self.max_steps:
@@ -101,8 +119,8 @@ class TrainConfig:
             )
         if self.fsdp and self.optimizer != "adamw":
             raise ValueError(
-                f"fsdp runs with optimizer='adamw' only (its state is sharded like the parameters); "
-                f"{self.optimizer!r} is not checked under FSDP here: use adamw, or train without fsdp."
+                f"fsdp runs with optimizer adamw only (AdamW's state is sharded like the parameters; "
+                f"{self.optimizer!r} is not checked on sharded parameters): use adamw, or train without fsdp."
             )
         if self.attn_implementation not in (None, *ATTENTION):
             raise ValueError(
@@ -153,7 +171,7 @@ def train(
     model, optimizer, train_dataloader, eval_dataloader = backend.prepare(
         model, optimizer, train_dataloader, eval_dataloader
     )
-    register_comm_hook(model, cfg.comm_hook)  # DDP sends 16-bit gradients  # [ddp]
+    register_comm_hook(model, cfg.comm_hook)  # fp16/bf16: DDP sends 16-bit gradients (none: fp32)  # [ddp]
     forward = compiled(model, cfg.compile, cfg.compile_dynamic)  # same parameters, fused kernels  # [kernels]
     # Counted after prepare: under N processes each one sees 1/N of the batches.
     per_epoch = steps_per_epoch(len(train_dataloader), k)  # [accum]
