@@ -7,8 +7,7 @@ A non-paraphrase pair (label 0) renders the record and a copy with one fact chan
 name, a day, or the direction of a verb), often with the very same words, so that word overlap
 alone does not separate the classes. A small share of labels is flipped, as in real annotation.
 
-Everything is driven by ``random.Random(seed)``: the same seed gives the same dataset on every
-machine and Python version >= 3.11.
+The same seed gives the same dataset on every machine and Python version >= 3.11.
 
 It has more than 400 lines because most of it is data: the word pools and the seven kinds of record
 with their templates, each a few lines; the code that draws pairs from them is short.
@@ -378,6 +377,7 @@ def _perturb(record: Record, rng: random.Random) -> Record:
         changed[slot] = "delay" if value == "launch" else "launch"
     elif isinstance(value, int):
         while changed[slot] == value:
+            # a step of up to half the value, never below 1; the loop redraws a step that changes nothing
             changed[slot] = max(1, value + rng.choice([-1, 1]) * rng.randint(1, max(2, value // 2)))
     elif slot == "price":
         changed[slot] = f"${rng.randint(3, 400)}.{rng.randint(0, 99):02d}"
@@ -391,7 +391,7 @@ def _render_twice(first: Callable[..., str], a: Record, b: Record, rng: random.R
     """``a`` and ``b`` written by the same template with the same synonym choices."""
     state = rng.getstate()
     s1 = first(a, rng)
-    rng.setstate(state)
+    rng.setstate(state)  # replay the same draws: b gets a's synonyms
     return s1, first(b, rng)
 
 
@@ -419,12 +419,13 @@ def generate_split(name: str, seed: int = 0) -> dict[str, list]:
     """Columns ``sentence1``, ``sentence2``, ``label``, ``idx`` of one split, deterministically."""
     if name not in SPLIT_SIZES:
         raise ValueError(f"Unknown split {name!r}: choose one of {sorted(SPLIT_SIZES)}.")
+    # a str seed is hashed by SHA-512, not hash(): stable across runs
     rng = random.Random(f"mrpc-embedded/{name}/{seed}")
     cols: dict[str, list] = {"sentence1": [], "sentence2": [], "label": [], "idx": []}
     for i in range(SPLIT_SIZES[name]):
         positive = rng.random() < POSITIVE_SHARE
         s1, s2 = _pair(rng, positive)
-        if rng.random() < 0.5:
+        if rng.random() < 0.5:  # either order: which sentence was rendered first is no cue
             s1, s2 = s2, s1
         label = int(positive)
         if rng.random() < LABEL_NOISE:
@@ -453,7 +454,7 @@ def pretraining_triples(n: int, seed: int = 1) -> Iterator[tuple[str, str, int]]
     The frame (earnings, shares, resignation, ...) lets ``build_assets`` draw a partner sentence
     about another event of the same kind for its pair task, as BERT drew a random next sentence.
     """
-    rng = random.Random(f"pretraining-corpus/{seed}")
+    rng = random.Random(f"pretraining-corpus/{seed}")  # a stream of its own, apart from the labelled splits'
     for _ in range(n):
         frame = rng.randrange(len(FRAMES))
         make_record, templates = FRAMES[frame]
