@@ -1,10 +1,9 @@
 """Lesson 04's demonstrations: gradient accumulation and activation checkpointing, each measured.
 
 * accumulation: cut a batch into micro-batches, run backward on each with its loss weighted
-  (``"mean"``: loss / k, as Accelerate does even in a short last window, while the course loop
-  divides by the window's length; ``"examples"``: loss x n_i / N, the mean over every example of the
-  window, exact for unequal micro-batches and a short last window), and compare the gradients and
-  the SGD update with those of the one big batch;
+  (``micro_batch_weights``: ``"mean"``, loss / k, or ``"examples"``, loss x n_i / N, exact for unequal
+  micro-batches and a short last window), and compare the gradients and the SGD update with those of
+  the one big batch;
 * the same update in three loops: ``StepRecorder`` hooks any optimizer (the course loop's, an
   Accelerator's, Trainer's) and keeps the parameters before and after every real step;
   ``compare_updates`` sets each update beside the exact one (SGD on the window's rows, at the same
@@ -65,8 +64,9 @@ def micro_batch_weights(
     """The factor each micro-batch's mean loss is multiplied by before its backward.
 
     ``"mean"``: 1 / k for each (``k`` defaults to ``len(sizes)``, the window's length, as the course
-    loop does; Accelerate uses its fixed k, also for the short last window of an epoch). ``"examples"``: n_i / sum(n), so that
-    the window's loss is the mean over all its examples, whatever the micro-batch sizes.
+    loop does; Accelerate uses its fixed k, also for the short last window of an epoch).
+    ``"examples"``: n_i / sum(n), so that the window's loss is the mean over all its examples,
+    whatever the micro-batch sizes.
     """
     if weighting not in WEIGHTINGS:
         raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}.")
@@ -100,9 +100,10 @@ def accumulate(
     device = next(model.parameters()).device
     total = 0.0
     for mb, weight in zip(micro_batches, weights):
+        # weighted before backward: the .grad that the micro-batches add up is the window's
         loss = model(**to_device(dict(mb), device)).loss * weight
         loss.backward()
-        total += loss.item()
+        total += loss.item()  # note: a CPU-GPU sync point
     return total
 
 
@@ -154,7 +155,7 @@ def step_peak_mb(
     """
     device = torch.device(device) if device is not None else next(model.parameters()).device
     batches = [to_device(dict(mb), device) for mb in micro_batches]
-    model.zero_grad(set_to_none=True)
+    model.zero_grad(set_to_none=True)  # None: the first backward allocates .grad inside the measurement
     peak = TensorPeak(device)
     peak.start()
     try:
@@ -185,6 +186,7 @@ class StepRecorder:
 
     def _pre(self, optimizer, args, kwargs) -> None:
         self.before.append(flat_params(self.model))
+        # Trainer's two groups (decay, no decay) share one lr
         self.lrs.append(float(optimizer.param_groups[0]["lr"]))
 
     def _post(self, optimizer, args, kwargs) -> None:
@@ -205,6 +207,7 @@ def exact_update(
 ) -> torch.Tensor:
     """The SGD update of the mean loss over all rows of ``window``, from the flat ``params`` (``model`` is the architecture)."""
     work = copy.deepcopy(model)
+    # the copy starts from the recorded parameters, not from the model's current ones
     torch.nn.utils.vector_to_parameters(params.to(next(work.parameters()).device), work.parameters())
     return sgd_update(work, [window], lr=lr) - params
 
@@ -279,6 +282,7 @@ class LayerRuns:
             calls = dict.fromkeys(children, 0)
             self.calls.append(calls)
             for name, child in children.items():
+                # one level down: a layer's own hooks run outside its checkpoint
                 self._handles.append(child.register_forward_pre_hook(self._counter(calls, name)))
 
     @staticmethod
@@ -290,6 +294,7 @@ class LayerRuns:
 
     def runs(self) -> list[int]:
         """Forward runs of each layer so far."""
+        # max: a recompute may stop (early_stop) before the last child
         return [max(calls.values()) for calls in self.calls]
 
     def reset(self) -> None:
@@ -351,11 +356,12 @@ def time_phases(
             device = next(model.parameters()).device
             watch, inside, started = Stopwatch(device), [0.0], []
 
+            # defaults bind this iteration's objects (ruff B023), though the hooks die within it
             def pre(module, args, watch=watch, started=started) -> None:
                 started.append(watch.now())
 
             def post(module, args, output, watch=watch, started=started, inside=inside) -> None:
-                inside[0] += watch.now() - started.pop()
+                inside[0] += watch.now() - started.pop()  # a stack: pre/post pairs may nest
 
             handles = []
             for layer in checkpointed_layers(model):
@@ -363,7 +369,7 @@ def time_phases(
             work = to_device(dict(batch), device)
             model.train()
             model.zero_grad(set_to_none=True)
-            torch.manual_seed(seed)
+            torch.manual_seed(seed)  # the same dropout masks for every model and repeat
             try:
                 t0 = watch.now()
                 loss = model(**work).loss
@@ -424,14 +430,14 @@ def stack_saved_bytes(stack: torch.nn.Sequential, x: torch.Tensor, segments: int
             out = stack(x)
         else:
             out = checkpoint_sequential(stack, segments, x, use_reentrant=False)
-    out.sum().backward()
+    out.sum().backward()  # backward frees what was saved
     stack.zero_grad(set_to_none=True)
     return saved.bytes
 
 
 def sqrt_n_rows(ns: Sequence[int], width: int = 64, batch: int = 512, seed: int = 0) -> list[dict]:
     """Bytes saved for backward for each depth ``n``: no checkpointing vs about sqrt(n) segments."""
-    x = torch.randn(batch, width, generator=torch.Generator().manual_seed(seed))
+    x = torch.randn(batch, width, generator=torch.Generator().manual_seed(seed))  # one input for every depth
     rows_out = []
     for n in ns:
         stack = linear_gelu_stack(n, width, seed)
