@@ -86,6 +86,7 @@ def ddp_step_worker(rank: int, world_size: int, demo: StepDemo) -> dict:
     device = rank_device(rank)
     # A different seed on each rank on purpose: without a broadcast the replicas would differ.
     torch.manual_seed(demo.seed + rank)
+    # no dropout: every backward of the same batch gives the same gradients
     model = disable_dropout(models.load_model(demo.model)).to(device)
     params_own_init = flat_params(model)
     ddp = DistributedDataParallel(model)  # broadcasts rank 0's parameters and buffers to every rank
@@ -107,6 +108,7 @@ def ddp_step_worker(rank: int, world_size: int, demo: StepDemo) -> dict:
     grad_averaged = flat_grads(model)
 
     # The same, done by DDP itself: a normal backward all-reduces the gradients in buckets.
+    # else DDP's backward would add onto the averaged gradients
     model.zero_grad(set_to_none=True)
     ddp(**batch).loss.backward()
     grad_ddp = flat_grads(model)
@@ -116,10 +118,12 @@ def ddp_step_worker(rank: int, world_size: int, demo: StepDemo) -> dict:
     params_after = flat_params(model)
 
     # Parameter sync, as on the slide: rank 0 aggregates, updates and shares the parameters.
+    # reduce overwrites its tensor in place; nccl needs it on the GPU
     grad_sum = grad_local.clone().to(device)
     dist.reduce(grad_sum, dst=0, op=dist.ReduceOp.SUM)
     shared = params_start.clone().to(device)
     if rank == 0:
+        # only rank 0's reduced sum is complete; the broadcast overwrites the others
         shared -= demo.lr * grad_sum / world_size
     dist.broadcast(shared, src=0)
 
@@ -262,7 +266,7 @@ def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     """Largest absolute element-wise difference of two same-shaped tensors."""
     if a.shape != b.shape:
         raise ValueError(f"Shapes differ: {tuple(a.shape)} vs {tuple(b.shape)}.")
-    return (a.float() - b.float()).abs().max().item() if a.numel() else 0.0
+    return (a.float() - b.float()).abs().max().item() if a.numel() else 0.0  # max() of an empty tensor raises
 
 
 def plot_shards(batches_per_rank: Sequence[Sequence[Sequence[int]]], n: int, ax=None):
@@ -278,6 +282,7 @@ def plot_shards(batches_per_rank: Sequence[Sequence[Sequence[int]]], n: int, ax=
                 grid[rank, row] = b
     if ax is None:
         _, ax = plt.subplots(figsize=(min(12, 1 + 0.35 * n), 0.6 + 0.55 * world_size))
+    # Pastel1 has 9 colours: each batch index 0..8 gets its own
     ax.imshow(grid, aspect="auto", cmap="Pastel1", vmin=0, vmax=8)  # NaN (not read) stays white
     for rank, batches in enumerate(batches_per_rank):
         for b, rows in enumerate(batches):
