@@ -184,6 +184,7 @@ def _batches(demo: SyncDemo, rank: int, world_size: int, device) -> tuple[list[d
     collate = data.make_collator(tokenizer)
     rows = demo.steps * demo.batch_size * world_size
     train = data.tokenize_dataset(data.load_mrpc()["train"].select(range(rows)), tokenizer)
+    # one permutation, disjoint shards
     mine = shard_indices(rows, world_size, rank, shuffle=True, seed=demo.seed)
     size = demo.batch_size
     batches = [
@@ -191,6 +192,7 @@ def _batches(demo: SyncDemo, rank: int, world_size: int, device) -> tuple[list[d
         for s in range(demo.steps)
     ]
     val = data.tokenize_dataset(data.load_mrpc()["validation"].select(range(demo.eval_rows)), tokenizer)
+    # round-robin: each validation row on exactly one rank
     eval_batch = to_device(collate([val[i] for i in range(rank, demo.eval_rows, world_size)]), device)
     return batches, eval_batch
 
@@ -200,12 +202,13 @@ def _val_loss(model: torch.nn.Module, batch: dict) -> float:
     """Mean validation loss over all ranks' rows (gathered with all_gather: not counted as training traffic)."""
     model.eval()
     n = batch["labels"].numel()
+    # sum and count: ranks with unequal shares still average right
     mine = torch.tensor(
         [model(**batch).loss.item() * n, n], dtype=torch.float64, device=batch["labels"].device
     )
     model.train()
     gathered = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(gathered, mine)
+    dist.all_gather(gathered, mine)  # the list form, which instruments.comm does not count
     total = torch.stack(gathered).sum(dim=0)
     return (total[0] / total[1]).item()
 
@@ -220,8 +223,9 @@ def replica_drift(model: torch.nn.Module, anchor: torch.Tensor) -> dict[str, flo
     device = rank_device(dist.get_rank())
     mine, anchor = flat_params(model).to(device), anchor.to(device)
     gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(gathered, mine)
+    dist.all_gather(gathered, mine)  # the list form, which instruments.comm does not count
     moves = [g - anchor for g in gathered]
+    # moves[-1]: rank 1 of the lesson's two
     cosine = torch.nn.functional.cosine_similarity(moves[0], moves[-1], dim=0).item()
     return {
         "distance": max((g - gathered[0]).norm().item() for g in gathered),
@@ -305,6 +309,7 @@ def _run_variant(variant: Variant, demo: SyncDemo, accelerator, batches, eval_ba
             update = variant.sync != "accum" or step % variant.every == 0
             no_sync = model.no_sync() if variant.sync == "accum" and not update else nullcontext()
             with no_sync:
+                # accum: the mean over the window
                 loss = model(**batch).loss / (variant.every if variant.sync == "accum" else 1)
                 loss.backward()  # DDP all-reduces the gradients here (unless no_sync)
             if update:
@@ -322,8 +327,8 @@ def _run_variant(variant: Variant, demo: SyncDemo, accelerator, batches, eval_ba
                 )
                 if step % variant.every == 0:
                     anchor = flat_params(model)
-            step_calls.append(log.calls - sum(step_calls))
-            if step % demo.eval_every == 0 and step % variant.every == 0:
+            step_calls.append(log.calls - sum(step_calls))  # this micro-step's calls
+            if step % demo.eval_every == 0 and step % variant.every == 0:  # only where the replicas agree
                 curve.append({"step": step, "bytes": log.bytes, "val_loss": _val_loss(model, eval_batch)})
     params = list(model.parameters())
     return {
@@ -358,7 +363,7 @@ def _k1_run(sync: str, optimizer: str, demo: SyncDemo, accelerator, batches) -> 
     from course_lib import models
     from course_lib.distributed import disable_dropout
 
-    torch.manual_seed(demo.seed)
+    torch.manual_seed(demo.seed)  # the same start for all four runs
     model = accelerator.prepare(disable_dropout(models.load_model()))
     if optimizer == "sgd":
         opt = torch.optim.SGD(model.parameters(), lr=demo.k1_sgd_lr)
