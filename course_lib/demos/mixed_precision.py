@@ -57,6 +57,7 @@ def autocast_weight_copies(
     device = next(model.parameters()).device
     batch = to_device(batch, device)
     dtype = autocast_dtype(precision)
+    # the matrices: what autocast casts for matmuls
     casts = [p.detach().to(dtype) for p in model.parameters() if p.dim() == 2]
 
     def weight_copies(saved: SavedTensors) -> dict[int, int]:
@@ -66,8 +67,9 @@ def autocast_weight_copies(
             if t.dtype == dtype and t.dim() == 2:
                 for c in casts:
                     if (t.shape == c.shape and torch.equal(t, c)) or (
-                        t.shape == c.T.shape and torch.equal(t, c.T)
+                        t.shape == c.T.shape and torch.equal(t, c.T)  # F.linear saves the weight transposed
                     ):
+                        # by storage: a copy and its views count once
                         copies[t.untyped_storage().data_ptr()] = tensor_bytes([t])
                         break
         return copies
@@ -119,7 +121,7 @@ def state_dtypes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> li
 def lost_update(value: float, update: float, dtype: torch.dtype) -> dict:
     """Whether ``value + update`` stored in ``dtype`` still differs from ``value`` (small updates vanish)."""
     w = torch.tensor(value, dtype=dtype)
-    new = w + torch.tensor(update, dtype=dtype)
+    new = w + torch.tensor(update, dtype=dtype)  # the sum is rounded to dtype: a small update rounds away
     return {
         "dtype": str(dtype).removeprefix("torch."),
         "before": w.item(),
@@ -132,10 +134,8 @@ def lost_update(value: float, update: float, dtype: torch.dtype) -> dict:
 class CommDemo:
     """A few SGD steps of data-parallel training per all-reduce hook, to count what each one sends."""
 
-    hooks: tuple[str, ...] = (
-        "fp32",
-        "fp16",
-    )  # demos.local_sgd.HOOKS: "fp32" DDP's all-reduce, "fp16"/"bf16" compress
+    # demos.local_sgd.HOOKS: "fp32" DDP's all-reduce, "fp16"/"bf16" compress
+    hooks: tuple[str, ...] = ("fp32", "fp16")
     steps: int = 3
     global_batch: int = 8
     lr: float = 0.5
@@ -164,10 +164,10 @@ def comm_worker(rank: int, world_size: int, demo: CommDemo) -> list[dict]:
     batch = to_device(data.make_collator(tokenizer)([split[i] for i in rows]), device)
     results = []
     for name in demo.hooks:
-        torch.manual_seed(demo.seed)
-        model = disable_dropout(models.load_model()).to(device)
+        torch.manual_seed(demo.seed)  # the same start for every hook
+        model = disable_dropout(models.load_model()).to(device)  # no dropout: only the hook differs
         ddp = DistributedDataParallel(model)
-        ddp.register_comm_hook(None, comm_hook(name))
+        ddp.register_comm_hook(None, comm_hook(name))  # state None: the default process group
         optimizer = torch.optim.SGD(model.parameters(), lr=demo.lr)
         with counting_collectives() as sent:  # what the hook hands to the network
             for _ in range(demo.steps):
