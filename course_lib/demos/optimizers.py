@@ -67,6 +67,7 @@ def state_summary(name: str, optimizer: torch.optim.Optimizer) -> dict:
         "optimizer": name,
         "state bytes": total,
         "bytes/param": round(total / n, 3),
+        # 2 n: two moments per parameter
         "state in 8-bit": f"{eight_bit / (2 * n):.1%}" if name == "adamw8bit" else "-",
     }
 
@@ -110,6 +111,7 @@ def one_step(optimizer: torch.optim.Optimizer, params: Sequence[torch.nn.Paramet
     """One ``step()`` on random gradients (creates the state without a model's forward pass)."""
     gen = torch.Generator().manual_seed(seed)
     for p in params:
+        # drawn on the CPU by a seeded generator: the same gradients on every device
         p.grad = torch.randn(p.shape, generator=gen).to(p.device, p.dtype)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
@@ -144,7 +146,7 @@ def layer_state_rows(n: int, m: int, names: Sequence[str] = OPTIMIZERS) -> list[
         optimizer = make_optimizer(layer, lr=1e-3, weight_decay=0.0, name=name)
         one_step(optimizer, [layer.weight])
         rows.append({"shape": f"{n} x {m}", **state_summary(name, optimizer)})
-        del optimizer
+        del optimizer  # its state freed before the next optimizer builds one
     return rows
 
 
@@ -232,7 +234,7 @@ def step_peak_mb(
     gen = torch.Generator().manual_seed(seed)
     for p in params:
         p.grad = torch.randn(p.shape, generator=gen).to(p.device, p.dtype)
-    peak = TensorPeak(params[0].device)
+    peak = TensorPeak(params[0].device)  # gradients made before start(): only the step's own allocations
     peak.start()
     try:
         optimizer.step()
