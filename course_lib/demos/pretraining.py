@@ -104,11 +104,12 @@ def load_masked_lm(model_name: str | None = None, pretrained: bool = True, seed:
 
     resolved = models.resolve_model_name(model_name)
     if not pretrained:
-        torch.manual_seed(seed)
+        torch.manual_seed(seed)  # the random init is reproducible
         return AutoModelForMaskedLM.from_config(AutoConfig.from_pretrained(resolved)).eval()
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # "Loading weights" bar: noise on stderr for a 1 s load
     try:
+        # transformers 5 defaults to the checkpoint's dtype
         return AutoModelForMaskedLM.from_pretrained(resolved, dtype=torch.float32).eval()
     finally:
         if bars:
@@ -122,6 +123,7 @@ def mask_tokens(input_ids: torch.Tensor, candidates: torch.Tensor, mask_id: int,
     both ``(batch, seq)``, ``where`` a bool tensor of the masked positions.
     """
     gen = torch.Generator().manual_seed(seed)
+    # a draw per position: the same positions for every model
     where = (torch.rand(input_ids.shape, generator=gen) < MASK_SHARE) & candidates
     return input_ids.masked_fill(where, mask_id), where
 
@@ -203,7 +205,7 @@ def swap_fact(example: tuple[str, str, str], alternatives: list[str]) -> list[tu
     return [(sentence1.replace(answer, alt), sentence2.replace(answer, alt), alt) for alt in alternatives]
 
 
-# The tables' words: English for the README (``cli.experiments``), Japanese for lesson 01.
+# The tables' words: English for the README (``course_tools.experiments``), Japanese for lesson 01.
 TABLE_WORDS = {
     "en": {
         "weights": "weights",
@@ -306,7 +308,7 @@ def pretrained_vs_scratch(
         }
     val_labels = tokenized["validation"]["labels"]
     if cfg.eval_rows is not None:
-        val_labels = val_labels[: cfg.eval_rows]
+        val_labels = val_labels[: cfg.eval_rows]  # the rows data.first_rows evaluated on
     result["majority_accuracy"] = majority_accuracy(val_labels)
     return result
 
