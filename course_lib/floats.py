@@ -81,7 +81,6 @@ class FormatInfo:
 def smallest_subnormal(fmt: str | torch.dtype) -> float:
     """The smallest positive number ``fmt`` can hold: the bit pattern ``0...01``."""
     dtype = format_dtype(fmt)
-    # the integer 1, reinterpreted below as a float
     one = torch.ones(1, dtype=_INT_VIEW[torch.finfo(dtype).bits])
     return one.view(dtype).item()
 
@@ -173,15 +172,13 @@ class BitFields:
 
 def _store(x: float, dtype: torch.dtype) -> torch.Tensor:
     """``x`` converted by torch to ``dtype`` (round to nearest even), shape (1,)."""
-    # via float64: the only rounding is the one into dtype
-    return torch.tensor([float(x)], dtype=torch.float64).to(dtype)
+    return torch.tensor([float(x)], dtype=torch.float64).to(dtype)  # via float64: one rounding, into dtype
 
 
 def float_bits(x: float, fmt: str | torch.dtype) -> BitFields:
     """Sign, exponent and mantissa bits of ``x`` as stored in ``fmt`` (after rounding)."""
     info = format_info(fmt)
-    # the mask turns a negative signed integer into its unsigned bit pattern
-    raw = _store(x, info.dtype).view(_INT_VIEW[info.bits]).item() & ((1 << info.bits) - 1)
+    raw = _store(x, info.dtype).view(_INT_VIEW[info.bits]).item() & ((1 << info.bits) - 1)  # as unsigned
     b = format(raw, f"0{info.bits}b")
     return BitFields(b[0], b[1 : 1 + info.exponent_bits], b[1 + info.exponent_bits :])
 
@@ -357,8 +354,7 @@ def grad_log2_hist(
     values = log2_abs(grads) + math.log2(scale)
     if bins is None:
         lo, hi = (math.floor(values.min()), math.ceil(values.max()) + 1) if values.size else (-30, 20)
-        # at least 2^-30 .. 2^20: the same axis for every model
-        bins = np.arange(min(lo, -30), max(hi, 20) + 1)
+        bins = np.arange(min(lo, -30), max(hi, 20) + 1)  # at least 2^-30 .. 2^20: one axis for all
     counts, edges = np.histogram(values, bins=bins)
     return counts, edges
 
@@ -385,8 +381,7 @@ def plot_grad_hist(
         ax.hist(values + math.log2(s), bins=bins, alpha=0.55, label=label)
     r = format_log2_range(fmt)
     name = format_name(fmt)
-    # below half the smallest subnormal (log2 - 1) round-to-nearest gives 0
-    ax.axvspan(lo, r["smallest_subnormal"] - 1, color="red", alpha=0.08)
+    ax.axvspan(lo, r["smallest_subnormal"] - 1, color="red", alpha=0.08)  # < half the smallest subnormal: 0
     ax.axvspan(r["smallest_subnormal"] - 1, r["smallest_normal"], color="orange", alpha=0.06)
     ax.axvline(r["smallest_subnormal"] - 1, color="red", ls="--", lw=1, label=f"{name}: below this -> 0")
     ax.axvline(

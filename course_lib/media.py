@@ -3,8 +3,9 @@
 * ``load_shapes``: small RGB pictures of four shapes (circle, square, triangle, cross) at varied
   image sizes, positions, sizes and colours, in a ``datasets`` ``Image`` column, as on the hub.
 * ``load_keywords``: short keyword-like clips (four voiced tone patterns: a steady low, middle or high
-  tone, or a glide from low to high, with harmonics) with noise, at varied sampling rates (8,000-44,100 Hz) and durations
-  (0.4-1.6 s), so that resampling to 16 kHz and padding/truncating to 1 s matter. The waveform is a
+  tone, or a glide from low to high, with harmonics) with noise, at varied sampling rates
+  (8,000-44,100 Hz) and durations (0.4-1.6 s), so that resampling to 16 kHz and padding/truncating
+  to 1 s matter. The waveform is a
   plain float list beside a ``sampling_rate`` column: ``datasets``' ``Audio`` feature needs
   torchcodec to encode, and torchcodec is not one of the course's dependencies.
 
@@ -134,8 +135,7 @@ def channel_stats(pixels) -> dict[str, list[float]]:
     axes = (
         (0, 1)
         if array.ndim == 3 and array.shape[-1] == 3
-        # every axis but the channel axis (-3)
-        else tuple(i for i in range(array.ndim) if i != array.ndim - 3)
+        else tuple(i for i in range(array.ndim) if i != array.ndim - 3)  # all but the channel axis
     )
     return {"mean": array.mean(axis=axes).round(3).tolist(), "std": array.std(axis=axes).round(3).tolist()}
 
@@ -162,8 +162,7 @@ def make_clip(label: int, sampling_rate: int, duration: float, rng: np.random.Ge
     for k, weight in ((1, 1.0), (2, 0.5), (3, 0.25)):  # harmonics, kept below the Nyquist frequency
         if k * freq.max() < 0.45 * sampling_rate:
             voiced += weight * np.sin(k * phase)
-    # 1.75 = 1 + 0.5 + 0.25: at most 1 before the gain
-    signal = rng.uniform(0.2, 0.8) * envelope * voiced / 1.75
+    signal = rng.uniform(0.2, 0.8) * envelope * voiced / 1.75  # / (1 + 0.5 + 0.25): peak at most 1
     noise = rng.normal(0.0, 1.0, n) * 0.4 * 10 ** (-rng.uniform(10.0, 30.0) / 20)  # 10-30 dB below 0.4
     return (signal + noise).astype(np.float32)
 
@@ -215,8 +214,7 @@ def _keyword_split(columns: dict[str, list], features):
         {
             "audio": audio,
             **{
-                # ClassLabel's Arrow type is int64
-                k: pa.array(columns[k], pa.int32() if k != "label" else pa.int64())
+                k: pa.array(columns[k], pa.int32() if k != "label" else pa.int64())  # ClassLabel: int64
                 for k in ("sampling_rate", "label", "idx")
             },
         }
@@ -249,8 +247,7 @@ def resample(wave, orig_rate: int, target_rate: int) -> np.ndarray:
     keep = min(spectrum.size, kept.size)
     kept[:keep] = spectrum[:keep]  # drop everything above the lower Nyquist frequency
     out = np.fft.irfft(kept, n=m) * (m / n)  # irfft divides by m, not n: keeps the amplitude
-    # drop the zero-padding's share
-    return out[: int(round(wave.size * target_rate / orig_rate))].astype(np.float32)
+    return out[: int(round(wave.size * target_rate / orig_rate))].astype(np.float32)  # less the zero-padding
 
 
 def _smooth_at_least(n: int) -> int:
