@@ -94,7 +94,7 @@ def counting_collectives(log: CollectiveLog | None = None) -> Iterator[Collectiv
     counts as the outer one only). Leaving the block restores the functions it found.
     """
     log = CollectiveLog() if log is None else log
-    # not every torch has all six
+    # hasattr: all_gather_single and reduce_scatter_single are recent additions to torch
     saved = {name: getattr(dist, name) for name in _FUNCTIONS if hasattr(dist, name)}
     for name, real in saved.items():
         # on the module: seen by callers that look dist.<name> up at call time, not by earlier `from` imports
