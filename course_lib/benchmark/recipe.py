@@ -155,10 +155,14 @@ def gain_rule_sentence(record: dict[str, Any]) -> str:
             "Gain: time to target of the stack before over the rung's, over rounds x seeds; a rung is kept "
             "only when its whole range is above 1."
         )
+    k = r["outliers"]
+    left_out = (
+        "the smallest and the largest round" if k == 1 else f"the {k} smallest and the {k} largest rounds"
+    )
     return (
         f"Gain: time to target of the stack before over the rung's, one per round (that round's two "
         f"throughputs, the seed medians of examples to target); its median over the {r['rounds']} rounds and "
-        f"the interval that leaves the {r['outliers']} smallest and the {r['outliers']} largest out (a "
+        f"the interval that leaves {left_out} out (a "
         f"distribution-free {r['interval_coverage']:.1%} interval for the median round: one outlying round "
         f"moves neither end past the next). A rung is kept when its median gain is at least {r['min_gain']:.2f}x "
         f"(the smallest gain worth changing the recipe for, stated in advance) and its interval lies above 1, "
