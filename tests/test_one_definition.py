@@ -50,7 +50,6 @@ INSTRUMENTS: dict[str, tuple[str, tuple[str, ...]]] = {
 # Duplicates that other engineers are removing (issue #23), each with who removes it. An entry whose
 # duplicate is gone is harmless; delete it then. Nothing else may be added here.
 PENDING: dict[tuple[str, str], str] = {
-    ("padding counts", "benchmark/rungs.py"): "rungs._Counting: the benchmark's padding counter (issue #23)",
     ("steps per epoch", "cli/train.py"): "cli.train.total_steps: should call training.accum.steps_per_epoch",
 }
 
