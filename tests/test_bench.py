@@ -220,14 +220,19 @@ def test_state_breakdown_counts_adamw_state_and_what_autocast_saves_for_backward
 
 
 # ---------------------------------------------------------------------------------------------
-# The quick benchmark, end to end, as a learner runs it
+# The quick benchmark, end to end, as a learner runs it (on smaller batches)
+
+# The --quick preset (every implementation, fp32 and bf16, two interleaved rounds, peak memory) on
+# batches of 8 x 64 tokens instead of 16 x 128: nothing below depends on the batch shape, and the run
+# takes about half as long. The flags are the CLI's own overrides of a preset, tested on the way.
+QUICK_SHAPE = ["--batch-size", "8", "--seq-len", "64"]
 
 
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     paths = {"json": out / "record.json", "markdown": out / "table.md", "plot": out / "chart.png"}
-    cmd = [sys.executable, "-m", "course_lib.cli.bench", "--quick"]
+    cmd = [sys.executable, "-m", "course_lib.cli.bench", "--quick", *QUICK_SHAPE]
     for flag, path in paths.items():
         cmd += [f"--{flag}", str(path)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -249,6 +254,8 @@ def test_quick_run_json_rows_are_well_formed(quick_run):
     rows, cfg = record["rows"], record["config"]
     assert isinstance(rows, list) and record["seconds"] > 0 and record["cores"] == os.cpu_count()
     assert len(rows) == len(cfg["precisions"]) * len(config.IMPLEMENTATIONS)
+    assert (cfg["batch_size"], cfg["seq_len"]) == (8, 64), "the shape flags override the preset"
+    assert cfg["rounds"] >= 2 and cfg["memory"], "the preset interleaves rounds and measures peak memory"
     assert {r["implementation"] for r in rows} == set(config.IMPLEMENTATIONS)
     for r in rows:
         for key, kind in ROW_KEYS.items():
@@ -256,7 +263,11 @@ def test_quick_run_json_rows_are_well_formed(quick_run):
         assert r["model_size"] == "tiny"
         assert r["tokens_per_s"] > 0 and r["step_time_s"] > 0 and r["mfu"] > 0
         assert r["tokens_per_s"] == pytest.approx(r["batch_size"] * r["seq_len"] / r["step_time_s"])
-        assert "peak_mem_mb" in r  # None when not measured (quick mode on a CPU)
+        assert len(r["step_time_rounds_s"]) == r["rounds"] == cfg["rounds"], "one median per round"
+        # Peak memory, measured in a short extra run: at least the fp32 gradients (4 bytes) and AdamW's
+        # two moments (8 bytes) of every parameter, which coexist at the optimizer step.
+        assert r["peak_mem_method"] == "tensor_peak" and isinstance(r["peak_mem_mb"], float)
+        assert r["peak_mem_mb"] * 2**20 >= 12 * r["n_params"], (r["implementation"], r["peak_mem_mb"])
         if r["implementation"] == "pytorch":
             assert r["vs_pytorch"] == pytest.approx(1.0)
 
