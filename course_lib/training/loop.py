@@ -119,8 +119,8 @@ class TrainConfig:
             )
         if self.fsdp and self.optimizer != "adamw":
             raise ValueError(
-                f"fsdp runs with optimizer adamw only (AdamW's state is sharded like the parameters; "
-                f"{self.optimizer!r} is not checked on sharded parameters): use adamw, or train without fsdp."
+                f"fsdp runs with optimizer adamw only: on FSDP2's DTensor shards {self.optimizer!r} raises "
+                "(torch 2.13's Adafactor and bitsandbytes' 8-bit kernels take no DTensor). Use adamw, or no fsdp."
             )
         if self.attn_implementation not in (None, *ATTENTION):
             raise ValueError(
