@@ -208,7 +208,7 @@ def test_the_top_level_map_leaves_folder_contents_to_the_folders_own_maps():
 
 
 REFERENCE = re.compile(
-    r"(?<![\w/.-])((?:course_lib|tests|docs|notebooks|solutions|exercises|scripts|jupyter)/[\w./-]*\w)"
+    r"(?<![\w/.-])((?:course_lib|course_tools|tests|docs|notebooks|solutions|exercises|scripts|jupyter)/[\w./-]*\w)"
 )
 
 
@@ -314,3 +314,32 @@ def test_the_protocol_check_catches_a_missing_method():
     assert not isinstance(NoUnscale(), Backend)
     NoUnscale.unscale = lambda self, optimizer: None
     assert isinstance(NoUnscale(), Backend)
+
+
+CONTRIBUTING_ROW = re.compile(
+    r"^\| `((?:course_lib|course_tools)/(?:\*\.py|[a-z_]+/)?)` \|[^|]*\| (.*) \|$", re.M
+)
+
+
+def contributing_modules() -> dict[str, set[str]]:
+    """CONTRIBUTING's layout table: for each folder row, the modules its last column names."""
+    rows = {}
+    for folder, cell in CONTRIBUTING_ROW.findall((ROOT / "CONTRIBUTING.md").read_text(encoding="utf-8")):
+        cell = re.sub(r"\([^()]*\)", "", cell)  # what a module is for, in parentheses, names no module
+        rows[folder] = set(re.findall(r"`([a-z_0-9]+)`", cell))
+    return rows
+
+
+def modules_in(folder: str) -> set[str]:
+    path = ROOT / folder.replace("*.py", "")
+    return {p.stem for p in path.glob("*.py") if p.stem not in ("__init__", "__main__")}
+
+
+def test_contributing_lists_each_folders_modules_both_ways():
+    rows = contributing_modules()
+    assert {"course_lib/*.py", "course_lib/training/", "course_tools/"} <= set(rows), sorted(rows)
+    for folder, listed in rows.items():
+        assert listed == modules_in(folder), (
+            f"CONTRIBUTING.md's row for {folder}: missing {sorted(modules_in(folder) - listed)}, "
+            f"names modules that do not exist {sorted(listed - modules_in(folder))}"
+        )

@@ -42,15 +42,9 @@ INSTRUMENTS: dict[str, tuple[str, tuple[str, ...]]] = {
     ),
     "padding counts (real vs padded tokens)": ("data.py", ("padding_counts",)),
     "steps per epoch": ("training/accum.py", ("steps_per_epoch",)),
-    "Accelerate state reset": ("training/accelerator.py", ("fresh_accelerator",)),
+    "Accelerate state reset": ("training/accelerator.py", ("reset_accelerate_state",)),
     "comm-hook names": ("training/ddp.py", ("COMM_HOOKS",)),
     "dtype names and aliases": ("floats.py", ("FORMATS", "format_name")),
-}
-
-# Duplicates that other engineers are removing (issue #23), each with who removes it. An entry whose
-# duplicate is gone is harmless; delete it then. Nothing else may be added here.
-PENDING: dict[tuple[str, str], str] = {
-    ("steps per epoch", "cli/train.py"): "cli.train.total_steps: should call training.accum.steps_per_epoch",
 }
 
 
@@ -327,10 +321,6 @@ RULES = (
 )
 
 
-def _pending(rule: Rule, path: str) -> bool:
-    return any(rule.quantity.startswith(quantity) and file == path for quantity, file in PENDING)
-
-
 def _code(source: str) -> ast.AST:
     """The module's AST without its docstrings (they may name what they do not do)."""
     tree = ast.parse(source)
@@ -387,7 +377,7 @@ def test_no_second_implementation(rule):
     found = [
         f"course_lib/{path}:{line}"
         for path, tree in TREES.items()
-        if path not in rule.owners and not _pending(rule, path)
+        if path not in rule.owners
         for line in rule.find(tree)
     ]
     assert not found, (
@@ -399,8 +389,3 @@ def test_no_second_implementation(rule):
 @pytest.mark.parametrize("rule", RULES, ids=lambda r: r.quantity)
 def test_each_rule_finds_a_duplicate(rule):
     assert list(rule.find(_code(rule.duplicate))), f"the rule for {rule.quantity} no longer sees a duplicate"
-
-
-def test_pending_duplicates_name_a_rule():
-    for quantity, _ in PENDING:
-        assert any(r.quantity.startswith(quantity) for r in RULES), f"PENDING names no rule: {quantity}"

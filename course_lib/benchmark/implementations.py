@@ -17,6 +17,7 @@ from course_lib.devices import (
     seed_everything,
 )
 from course_lib.training import slides
+from course_lib.training.accelerator import reset_accelerate_state
 
 
 @dataclass
@@ -97,10 +98,7 @@ def train_trainer(model: torch.nn.Module, dataset: Dataset, spec: RunSpec) -> Ru
     """Hugging Face ``Trainer`` (current argument names), same data order, its default optimizer."""
     from transformers import PrinterCallback, Trainer, TrainingArguments, default_data_collator
 
-    # Trainer builds its own Accelerator: reset the process-wide state the previous run left, with the
-    # course's one reset (training.fresh_accelerator; the Accelerator it returns is dropped, its state
-    # replaced by Trainer's)
-    training.fresh_accelerator(cpu=spec.device.type == "cpu")
+    reset_accelerate_state()  # Trainer builds its own Accelerator: forget the one the previous run left
     with tempfile.TemporaryDirectory() as out:
         args = TrainingArguments(
             output_dir=out,

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import re
 import sys
@@ -36,6 +35,7 @@ from course_lib.devices import seed_everything
 from course_lib.instruments.throughput import format_per_process, per_process_throughput
 from course_lib.mixed_precision import best_precision, normalize_precision
 from course_lib.training import fsdp
+from course_lib.training.accum import steps_per_epoch
 from course_lib.training.ddp import COMM_HOOKS
 
 EXIT_BAD_INPUT = 2
@@ -343,7 +343,7 @@ def make_loaders(cfg: RunConfig, accelerator, tokenizer, train_split, val_split)
 def total_steps(cfg: RunConfig, batches_per_epoch: int) -> int:
     """Optimizer steps the run makes in all (what ``training.train`` computes)."""
     t = cfg.train
-    return t.max_steps or math.ceil(batches_per_epoch / t.grad_accum_steps) * t.epochs
+    return t.max_steps or steps_per_epoch(batches_per_epoch, t.grad_accum_steps) * t.epochs
 
 
 # ---------------------------------------------------------------------------------------------

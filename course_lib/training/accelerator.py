@@ -57,6 +57,14 @@ class AcceleratorSteps:
         return {"accelerator": self.accelerator}
 
 
+def reset_accelerate_state() -> None:
+    """Forget the process-wide ``Accelerator`` state, so the next one (or Trainer's) starts fresh."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(True)  # True: also the PartialState (device, process group info)
+    GradientState._reset_state()
+
+
 def fresh_accelerator(**kwargs):
     """A new ``Accelerator(**kwargs)`` even if one already exists in this process.
 
@@ -66,10 +74,8 @@ def fresh_accelerator(**kwargs):
     a CPU, where Accelerate silently trains in fp32.
     """
     from accelerate import Accelerator
-    from accelerate.state import AcceleratorState, GradientState
 
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+    reset_accelerate_state()
     accelerator = Accelerator(**kwargs)
     if accelerator.mixed_precision == "fp16" and accelerator.device.type == "cpu":
         warnings.warn(
