@@ -1,12 +1,10 @@
 """[accum] Gradient accumulation: one optimizer step over ``k`` micro-batches.
 
-Each micro-batch's loss is divided by the number of micro-batches in its window (``k``) before
-backward, so the summed gradients are the mean over the window: the step equals one on a
-``k``-times bigger batch (for equal-sized micro-batches). The last window of an epoch may be
-shorter: it still ends in a step, and its losses are divided by its own length, not by ``k`` (which
-would shrink that step's gradient, as Accelerate's ``accumulate`` does; Trainer divides as here only
-when ``model_accepts_loss_kwargs`` is False, and not at all for a model whose forward takes ``**kwargs``).
-Lesson 04 measures both, and the finer point: micro-batches of different sizes need weights by rows.
+The step equals one on a ``k``-times bigger batch (for equal-sized micro-batches). Accelerate's
+``accumulate`` divides a short last window's losses by ``k``, which shrinks that step's gradient;
+Trainer divides by the window's length only when ``model_accepts_loss_kwargs`` is False, and not at
+all for a model whose forward takes ``**kwargs``. Lesson 04 measures both, and the finer point:
+micro-batches of different sizes need weights by rows.
 """
 
 from __future__ import annotations
@@ -23,11 +21,15 @@ def micro_batches(dataloader, k: int, start: int = 0) -> Iterator[tuple[Any, boo
     window holds (``k``, fewer in the epoch's short last window).
     """
     n = len(dataloader)
+    # islice still loads the skipped batches: a resumed run sees the order the full epoch would
     batches: Iterable = islice(enumerate(dataloader), start, None)
     for i, batch in batches:
+        # update: every k-th batch and the epoch's last, so a short last window still ends in a step.
+        # window: the batches in i's window, k or the n - (window start) left; the loop divides each
+        # loss by it, so the summed gradients are the window's mean (dividing by k would shrink them)
         yield batch, (i + 1) % k == 0 or i + 1 == n, min(k, n - i // k * k)
 
 
 def steps_per_epoch(batches: int, k: int) -> int:
     """Optimizer steps in an epoch of ``batches`` micro-batches (a short last window is a step)."""
-    return -(-batches // k)
+    return -(-batches // k)  # ceil(batches / k) in integers

@@ -3,9 +3,7 @@ them during backward. (Not ``course_lib.checkpoints``, which saves a run to disk
 
 Chen et al. (2016): storing only some layers' inputs and recomputing the rest in backward costs about
 one extra forward pass (compute x 4/3 when a backward costs two forwards) and cuts activation memory
-from O(n) to O(sqrt(n)) for n layers. Hugging Face models checkpoint each transformer layer;
-``use_reentrant=False`` is torch's recommended implementation (works with ``no_sync`` and with inputs
-that do not require grad).
+from O(n) to O(sqrt(n)) for n layers. Hugging Face models checkpoint each transformer layer.
 
 transformers 5 calls it *activation* checkpointing: ``model.activation_checkpointing_enable(...)`` and
 ``TrainingArguments(activation_checkpointing=True)``; the ``gradient_checkpointing`` names still work
@@ -29,6 +27,8 @@ def enable_checkpointing(model: torch.nn.Module, enabled: bool = True) -> torch.
             "torch.utils.checkpoint.checkpoint yourself."
         )
     if enabled:
+        # use_reentrant=False: torch's recommended implementation (works with no_sync, and with inputs
+        # that do not require grad)
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     elif model.is_activation_checkpointing:
         model.activation_checkpointing_disable()

@@ -1,8 +1,7 @@
 """[amp] Mixed precision with ``torch.amp``: autocast for fp16/bf16, a ``GradScaler`` for fp16 only.
 
 ``TorchAmp`` is what the loop runs on without an ``Accelerator``: it also puts the model and each
-batch on the device. bf16 has fp32's exponent range, so it needs no loss scaling; fp16 does, and the
-scaler skips a step whose gradients overflowed (inf/nan) and halves its scale.
+batch on the device.
 """
 
 from __future__ import annotations
@@ -23,6 +22,7 @@ class TorchAmp:
 
     def __init__(self, device: torch.device, precision: str) -> None:
         self.device, self.precision = device, precision
+        # bf16 has fp32's exponent range, so it needs no loss scaling; fp16 underflows without it
         self.scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
 
     def prepare(self, model, optimizer, train_dataloader, eval_dataloader):
@@ -51,6 +51,7 @@ class TorchAmp:
         self.scaler.update()
         if self.scaler.is_enabled():
             history.scaler_scales.append(self.scaler.get_scale())
+            # update() halves the scale exactly when step() skipped the update (inf/nan gradients)
             history.skipped_steps += int(self.scaler.get_scale() < scale_before)
 
     def eval_args(self) -> dict:

@@ -1,11 +1,8 @@
 """[ddp] DistributedDataParallel details: no all-reduce mid-accumulation, a new shuffle each epoch,
-and a communication hook that compresses the gradients DDP sends.
+and a communication hook that compresses the gradients DDP sends (half the bytes on the wire).
 
-DDP all-reduces gradients during every backward. Inside an accumulation window only the last
-micro-batch's backward needs it: ``model.no_sync()`` skips the others (k-1 all-reduces saved per step).
-A compression hook casts each gradient bucket to 16 bits before the all-reduce and back after it: half
-the bytes on the wire (``COMM_HOOKS``; fp16 works anywhere; DDP accepts bf16 only in a CUDA/ROCm
-build with NCCL 2.10+, whatever the backend, and the course allows it on NCCL only).
+DDP all-reduces gradients during every backward; with accumulation that is k-1 all-reduces too many
+per step.
 """
 
 from __future__ import annotations
@@ -13,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 
-COMM_HOOKS = ("none", "fp16", "bf16")
+COMM_HOOKS = ("none", "fp16", "bf16")  # "none": DDP's built-in fp32 all-reduce
 
 
 def register_comm_hook(model, name: str = "none") -> None:
@@ -29,6 +26,7 @@ def register_comm_hook(model, name: str = "none") -> None:
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
+    # DDP accepts bf16 only in a CUDA/ROCm build with NCCL 2.10+ (any backend); the course asks for NCCL
     if name == "bf16" and dist.get_backend() != "nccl":
         import torch
 
@@ -40,6 +38,7 @@ def register_comm_hook(model, name: str = "none") -> None:
             "Use --comm-hook fp16 (any backend and build), or none."
         )
     hook = default_hooks.bf16_compress_hook if name == "bf16" else default_hooks.fp16_compress_hook
+    # each gradient bucket cast to 16 bits before the all-reduce and back after it; state=None: default group
     model.register_comm_hook(state=None, hook=hook)
 
 
@@ -47,7 +46,7 @@ def sync_gradients(model, update: bool) -> AbstractContextManager:
     """No gradient communication on a micro-batch that does not end the window: DDP's ``no_sync()``,
     or FSDP2's ``set_requires_gradient_sync(False)`` (its unsharded gradients accumulate until the last)."""
     if not update and hasattr(model, "no_sync"):
-        return model.no_sync()
+        return model.no_sync()  # gradients accumulate locally; the window's last backward all-reduces
     if not update and hasattr(model, "set_requires_gradient_sync"):
         return _fsdp_no_sync(model)  # [fsdp] the reduce-scatter waits for the window's last backward
     return nullcontext()

@@ -1,11 +1,10 @@
 """[fsdp] Fully sharded data parallel: each of N ranks keeps 1/N of the parameters, gradients and
 optimizer state, instead of DDP's full copy of each (ZeRO-3; lesson 06b).
 
-``shard_model`` applies FSDP2's ``torch.distributed.fsdp.fully_shard`` to every transformer block and
-then to the model, in place: the parameters become ``DTensor`` shards. A block's forward all-gathers its
-parameters and (``reshard_after_forward=True``) frees them again; its backward gathers them once more and
-reduce-scatters the gradients, so each rank gets the averaged gradient of its own shard only. Build the
-optimizer after sharding: it must hold the shards, not the parameters ``fully_shard`` replaced.
+``shard_model`` applies FSDP2's ``torch.distributed.fsdp.fully_shard`` in place: the parameters become
+``DTensor`` shards. A block's backward reduce-scatters the gradients, so each rank gets the averaged
+gradient of its own shard only. Build the optimizer after sharding: it must hold the shards, not the
+parameters ``fully_shard`` replaced.
 
 Who shards: the loop, on CPU processes (gloo) or GPUs without an FSDP plugin; an ``Accelerator`` whose
 ``distributed_type`` is FSDP (``accelerate launch --use_fsdp``, or ``Accelerator(fsdp_plugin=...)``,
@@ -77,6 +76,7 @@ def shard_model(
             "FSDP uses: call course_lib.training.fsdp.shard_model(model) first, then build the optimizer."
         )
     for block in transformer_blocks(model):  # one all-gather per block: only one block whole at a time
+        # reshard_after_forward=True: free the gathered parameters after forward, gather again in backward
         fully_shard(block, reshard_after_forward=reshard_after_forward)
     fully_shard(model, reshard_after_forward=reshard_after_forward)  # the rest: embeddings, head
     return model

@@ -8,8 +8,7 @@ length, so the recipe ladder measures them (``python -m course_lib.cli.recipe``)
   (``torch.nn.functional.scaled_dot_product_attention``: a fused kernel where the device has one)
 * ``compile``              ``torch.compile``: the forward and backward traced into graphs and fused
   kernels generated once; compilation is paid at the first steps (and at new shapes), and counts in
-  a run's wall time. ``dynamic=True`` where batches change length (dynamic padding), so that a new
-  length does not compile a new graph every time.
+  a run's wall time.
 """
 
 from __future__ import annotations
@@ -45,4 +44,5 @@ def compiled(model: torch.nn.Module, enabled: bool, dynamic: bool | None = None)
         and getattr(config, "num_labels", 0) > 1
     ):
         config.problem_type = "single_label_classification"
+    # dynamic=True where batches change length (dynamic padding): a new length compiles no new graph
     return torch.compile(model, dynamic=dynamic)

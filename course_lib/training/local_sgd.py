@@ -42,5 +42,5 @@ def local_sgd(backend, model, local_sgd_steps: int | None, start_step: int = 0):
     from accelerate.local_sgd import LocalSGD
 
     averager = LocalSGD(accelerator=accelerator, model=model, local_sgd_steps=local_sgd_steps, enabled=True)
-    averager.num_steps = start_step
+    averager.num_steps = start_step  # LocalSGD averages when num_steps % local_sgd_steps == 0
     return averager

@@ -75,7 +75,7 @@ class TrainConfig:
     gradient_checkpointing: bool = False
     local_sgd_steps: int | None = None  # average parameters every N steps (N processes); None: DDP
     comm_hook: str = "none"  # "none" | "fp16" | "bf16": compress the gradients DDP all-reduces
-    fused_optimizer: bool | None = None  # fused AdamW; None: where torch has it, False: the for-loop
+    fused_optimizer: bool | None = None  # fused AdamW; None: where torch has it, False: torch's default
     attn_implementation: str | None = None  # "eager" | "sdpa"; None: as the model was loaded
     compile: bool = False  # torch.compile the model for training (compilation counts in the step times)
     compile_dynamic: bool | None = None  # torch.compile(dynamic=...): True where batch lengths vary
@@ -152,13 +152,12 @@ def train(
     cfg = config or TrainConfig()
     k = cfg.grad_accum_steps
     if start_step == 0:
-        seed_everything(cfg.seed)  # a resumed run keeps the RNG state its caller restored  # [resume]
+        seed_everything(cfg.seed)  # [resume] a resumed run keeps the RNG state its caller restored
     if len(train_dataloader) == 0:
         raise ValueError("The training DataLoader is empty: there is nothing to train on.")
     set_attention(model, cfg.attn_implementation)  # [kernels]
-    model = shard_model(
-        model, cfg.fsdp, accelerator, optimizer
-    )  # before the optimizer: it holds shards  # [fsdp]
+    # [fsdp] before the optimizer is made: it must hold the shards, not the full parameters
+    model = shard_model(model, cfg.fsdp, accelerator, optimizer)
     optimizer = optimizer or make_optimizer(  # [optim]
         model, cfg.lr, cfg.weight_decay, fused=cfg.fused_optimizer, name=cfg.optimizer
     )
@@ -171,8 +170,8 @@ def train(
     model, optimizer, train_dataloader, eval_dataloader = backend.prepare(
         model, optimizer, train_dataloader, eval_dataloader
     )
-    register_comm_hook(model, cfg.comm_hook)  # fp16/bf16: DDP sends 16-bit gradients (none: fp32)  # [ddp]
-    forward = compiled(model, cfg.compile, cfg.compile_dynamic)  # same parameters, fused kernels  # [kernels]
+    register_comm_hook(model, cfg.comm_hook)  # [ddp] after prepare wrapped DDP; default none: fp32 all-reduce
+    forward = compiled(model, cfg.compile, cfg.compile_dynamic)  # [kernels] same parameters, fused kernels
     # Counted after prepare: under N processes each one sees 1/N of the batches.
     per_epoch = steps_per_epoch(len(train_dataloader), k)  # [accum]
     total_steps = cfg.max_steps or per_epoch * cfg.epochs
@@ -195,28 +194,28 @@ def train(
     step, watch, tokens, stop = start_step, Stopwatch(backend.device), 0, False
     with local_sgd(backend, model, cfg.local_sgd_steps, start_step) as averager:  # [local_sgd]
         for epoch in range(first_epoch, math.ceil(total_steps / per_epoch)):
-            set_epoch(train_dataloader, epoch)  # [ddp]
+            set_epoch(train_dataloader, epoch)  # [ddp] else every epoch replays epoch 0's shuffle
             watch.start()
-            start = skip if epoch == first_epoch else 0
+            start = skip if epoch == first_epoch else 0  # [resume] skip the batches trained on already
             for batch, update, window in micro_batches(train_dataloader, k, start):  # [accum]
                 batch = backend.to_device(batch)
                 tokens += batch.get("input_ids", batch["labels"]).numel()  # images/audio: examples
-                with sync_gradients(model, update):  # [ddp]
+                with sync_gradients(model, update):  # [ddp] all-reduce only in the window's last backward
                     with backend.autocast():  # [amp]
                         loss = forward(**batch).loss / window  # forward + loss  # [accum] window mean
                     backend.backward(loss)  # backward  # [amp] scaled for fp16
                 if not update:  # [accum]
                     continue
                 if cfg.max_grad_norm:
-                    history.grad_norms.append(
-                        clip_gradients(backend, model, optimizer, cfg.max_grad_norm)
-                    )  # [clip]
+                    # [clip] after the whole window's backward, before the step; unscales first
+                    history.grad_norms.append(clip_gradients(backend, model, optimizer, cfg.max_grad_norm))
                 backend.step(optimizer, history)  # step  # [amp] skipped on inf/nan
                 scheduler.step()
-                optimizer.zero_grad(set_to_none=True)
-                averager.step()  # every local_sgd_steps: average the parameters  # [local_sgd]
+                optimizer.zero_grad(set_to_none=True)  # free the gradients' memory until the next backward
+                averager.step()  # [local_sgd] every local_sgd_steps steps: average the parameters
 
                 step += 1
+                # note: .item() is a CPU-GPU sync point; * window: the last micro-batch's loss (not the mean)
                 history.losses.append(loss.item() * window)
                 history.step_times.append(watch.lap())
                 history.step_tokens.append(tokens)
@@ -224,8 +223,8 @@ def train(
                 bar.set_postfix(loss=f"{history.losses[-1]:.3f}", refresh=False)
                 bar.update(1)
                 if on_step is not None:
-                    stop = bool(on_step(step))  # e.g. save a checkpoint; True: stop here  # [resume]
-                watch.start()
+                    stop = bool(on_step(step))  # [resume] e.g. save a checkpoint; True: stop here
+                watch.start()  # after on_step: saving a checkpoint is not step time
                 if step >= total_steps or stop:
                     break
             if eval_dataloader is not None and cfg.eval_every_epoch:

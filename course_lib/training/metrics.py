@@ -20,7 +20,7 @@ def accuracy_f1(preds: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
     tp = ((preds == 1) & (labels == 1)).sum().item()
     fp = ((preds == 1) & (labels == 0)).sum().item()
     fn = ((preds == 0) & (labels == 1)).sum().item()
-    f1 = 2 * tp / (2 * tp + fp + fn) if tp else 0.0
+    f1 = 2 * tp / (2 * tp + fp + fn) if tp else 0.0  # no true positive: F1 is 0 (and no 0 / 0)
     return {"accuracy": (preds == labels).float().mean().item(), "f1": f1}
 
 
@@ -32,7 +32,7 @@ def evaluate(model, dataloader, precision: str = "no", accelerator=None) -> dict
     every process; without one, batches go to the model's device and ``precision`` sets autocast.
     """
     was_training = model.training
-    model.eval()
+    model.eval()  # dropout off; restored below
     device = accelerator.device if accelerator is not None else next(model.parameters()).device
     precision = check_precision(precision, device) if accelerator is None else "no"
     autocast = (
@@ -48,10 +48,11 @@ def evaluate(model, dataloader, precision: str = "no", accelerator=None) -> dict
             out = model(**batch)
         preds, labels = out.logits.argmax(-1), batch["labels"]
         if accelerator is not None:
+            # every process's rows, minus the duplicates a DistributedSampler pads the last batch with
             preds, labels = accelerator.gather_for_metrics((preds, labels))
         all_preds.append(preds.cpu())
         all_labels.append(labels.cpu())
-        losses.append(out.loss.float().item())
+        losses.append(out.loss.float().item())  # this process's batch mean, not gathered nor row-weighted
     if was_training:
         model.train()
     metrics = accuracy_f1(torch.cat(all_preds), torch.cat(all_labels))

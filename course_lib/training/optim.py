@@ -63,6 +63,7 @@ def make_optimizer(
     decay, no_decay = [], []
     for param_name, p in model.named_parameters():
         if p.requires_grad:
+            # ndim < 2: biases and norm weights, whatever the model names them
             no_decay_here = p.ndim < 2 or "LayerNorm" in param_name or "layer_norm" in param_name
             (no_decay if no_decay_here else decay).append(p)
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
@@ -80,6 +81,7 @@ def make_optimizer(
         return bnb.optim.AdamW8bit(groups, lr=lr)
     if fused is None:
         fused = fused_adamw_supported(decay + no_decay)
+    # False -> None: torch's default, foreach on GPUs, the for-loop on CPUs (fused=False: always the loop)
     return torch.optim.AdamW(groups, lr=lr, fused=fused or None)
 
 
@@ -90,7 +92,7 @@ def make_scheduler(optimizer, total_steps: int, warmup_ratio: float, start_step:
     def factor(step: int) -> float:
         step += start_step
         if step < warmup:
-            return (step + 1) / warmup
+            return (step + 1) / warmup  # + 1: the first step trains (transformers' schedule starts at 0)
         return max(0.0, (total_steps - step) / max(1, total_steps - warmup))
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

@@ -12,4 +12,4 @@ from __future__ import annotations
 def resume_position(start_step: int, steps_per_epoch: int, k: int) -> tuple[int, int]:
     """``(epoch, batch)`` where step ``start_step`` begins: the first epoch and the batches to skip."""
     epoch, steps_done = divmod(start_step, steps_per_epoch)
-    return epoch, steps_done * k
+    return epoch, steps_done * k  # each finished step used k batches (a short window ends the epoch)
