@@ -30,7 +30,7 @@ class Sources:
 
 def sources() -> Sources:
     """Read ``COURSE_MODEL`` / ``COURSE_DATASET`` (default: both embedded)."""
-    dataset = os.environ.get("COURSE_DATASET", EMBEDDED).strip() or EMBEDDED
+    dataset = os.environ.get("COURSE_DATASET", EMBEDDED).strip() or EMBEDDED  # set but empty: the default
     if dataset not in (EMBEDDED, "hub"):
         raise ValueError(
             f"COURSE_DATASET={dataset!r} is not understood: use 'embedded' (offline default) "

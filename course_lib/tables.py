@@ -8,7 +8,9 @@ from typing import Any
 
 def align_columns(rows: list[tuple[str, ...]]) -> str:
     """Rows of strings as left-aligned columns separated by two spaces."""
+    # len counts characters, not display columns: full-width (Japanese) text shows wider than it counts
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    # rstrip: no trailing blanks (an editor or a diff would strip them, and nbval would then differ)
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
 
 

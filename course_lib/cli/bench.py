@@ -74,9 +74,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, argparse.Nam
             "seed",
             "device",
         )
-        if getattr(args, name) is not None
+        if getattr(args, name) is not None  # only the flags given: the preset's values for the rest
     }
-    if args.no_memory:
+    if args.no_memory:  # wins over --memory
         overrides["memory"] = False
     elif args.memory:
         overrides["memory"] = True

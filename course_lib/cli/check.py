@@ -115,6 +115,7 @@ def _error_line(cell) -> str | None:
     for out in cell.get("outputs", []):
         if out.get("output_type") == "error":
             value = str(out.get("evalue", "")).strip().splitlines()
+            # rstrip: an error without a message reads "KeyboardInterrupt", not "KeyboardInterrupt: "
             return f"{out.get('ename', 'Error')}: {value[0] if value else ''}".rstrip(": ")
     return None
 
@@ -217,7 +218,7 @@ def check_notebook(
         if (seconds := cell_seconds(cell)) is not None:
             report.cell_seconds[grade_id] = seconds
         if meta.get("grade") and not meta.get("solution"):
-            _drop_ignored_stderr(cell)
+            _drop_ignored_stderr(cell)  # first: determine_grade scores any stderr output 0 points
             points, max_points = determine_grade(cell)
             error = _error_line(cell) or (None if points == max_points else "wrote to stderr")
             report.tests.append(CellScore(grade_id, float(points or 0), float(max_points), error))

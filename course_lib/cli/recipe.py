@@ -67,6 +67,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[RecipeConfig, argparse.Na
     args = p.parse_args(argv)
     names = ("epochs", "batch_size", "lr", "eval_every", "train_rows", "eval_rows", "tolerance_se", "seeds")
     names += ("rounds", "min_gain", "timed_steps", "large_batch", "rungs", "seed", "device")
+    # only the flags given: the rest keep the preset's (--quick) or RecipeConfig's values
     overrides = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
     cfg = quick_config(**overrides) if args.quick else RecipeConfig(**overrides)
     return cfg, args

@@ -162,6 +162,7 @@ def _flag(name: str) -> str:
 def _flags_in(message: str) -> str:
     """A ``TrainConfig`` error message in the command's words: each field name as its flag."""
     for name in sorted(TRAIN_FLAGS, key=len, reverse=True):
+        # longest first, and not inside a word, a dotted name or a flag already written (--max-steps)
         message = re.sub(rf"(?<![\w.-]){name}(?!\w)", _flag(name), message)
     return message
 
@@ -188,12 +189,14 @@ def _add_train_options(parser: argparse.ArgumentParser) -> dict[str | None, Any]
         flags = flags or (f"--{name.replace('_', '-')}",)
         add = groups[group].add_argument
         if kind is bool:
+            # a field that defaults to True gets a --no-... flag that stores False
             add(*flags, dest=name, action="store_false" if default else "store_true", help=help_text)
         elif kind == bool | None:  # auto / yes / no
             add(*flags, dest=name, default="auto", choices=list(TRI_STATE), help=help_text)
         else:
             base = next(t for t in get_args(kind) or (kind,) if t is not type(None))
             choices = list(CHOICES[name]) if name in CHOICES else None
+            # 'none' only where it is not the default (--max-grad-norm none); a None default: leave it out
             parse = base if choices or base is str or default is None else _or_none(base)
             add(*flags, dest=name, type=parse, default=default, choices=choices, help=help_text)
     return groups
@@ -249,7 +252,7 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
         "--group-by-length", action="store_true", help="batches of similar lengths (one process only)"
     )
     args = vars(p.parse_args(argv))
-    train_args = {name: args.pop(name) for name in TRAIN_FLAGS}
+    train_args = {name: args.pop(name) for name in TRAIN_FLAGS}  # what is left: RunConfig's own fields
     if "fused_optimizer" in train_args:
         train_args["fused_optimizer"] = TRI_STATE[train_args["fused_optimizer"]]
     try:
@@ -306,7 +309,7 @@ def set_cpu_threads() -> int:
     if "OMP_NUM_THREADS" not in os.environ:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        torch.set_num_threads(max(1, cores // local_processes))
+        torch.set_num_threads(max(1, cores // local_processes))  # more threads than cores: they spin and wait
     return torch.get_num_threads()
 
 
@@ -371,7 +374,7 @@ def run(cfg: RunConfig) -> dict[str, Any]:
     n_params = sum(p.numel() for p in model.parameters())
     train_loader, eval_loader = make_loaders(cfg, accelerator, tokenizer, train_split, val_split)
     if cfg.train.fsdp or fsdp.accelerator_shards(accelerator):  # before the optimizer: it holds the shards
-        fsdp.shard_model(model.to(accelerator.device))
+        fsdp.shard_model(model.to(accelerator.device))  # shards are cut where the parameters are
     held = gather_object([fsdp.local_numel(model)])  # parameters each rank holds (collective)
     log(f"parameters: {n_params}, held per process: {held}")
     t = cfg.train
@@ -418,7 +421,7 @@ def run(cfg: RunConfig) -> dict[str, Any]:
     train_cfg = replace(  # the loop's settings, with what the command decided
         t,
         precision=accelerator.mixed_precision,
-        compile_dynamic=True if t.compile and cfg.padding == "dynamic" else None,
+        compile_dynamic=True if t.compile and cfg.padding == "dynamic" else None,  # lengths vary per batch
     )
     started = time.perf_counter()
     history = training.train(
