@@ -60,6 +60,7 @@ class BenchConfig:
             for i in self.implementations
         )
         if self.precisions is not None:
+            # dict.fromkeys: "fp32,no" is one precision, measured once, in the order given
             self.precisions = tuple(dict.fromkeys(normalize_precision(p) for p in self.precisions))
         for name in ("batch_size", "seq_len", "steps", "rounds", "memory_steps"):
             if getattr(self, name) < 1:
@@ -74,7 +75,7 @@ class BenchConfig:
     @property
     def run_steps(self) -> int:
         """Optimizer steps per run: warm-up, timed, plus one whose forward start closes the last period."""
-        return self.warmup + self.steps + 1
+        return self.warmup + self.steps + 1  # + 1: a step's time ends where the next forward starts
 
 
 def quick_config(**overrides: Any) -> BenchConfig:
@@ -104,7 +105,7 @@ def default_precisions(device: torch.device) -> tuple[str, ...]:
     if device.type == "cuda":
         return (
             ("no", "bf16", "fp16")
-            if torch.cuda.is_bf16_supported(including_emulation=False)
+            if torch.cuda.is_bf16_supported(including_emulation=False)  # pre-Ampere GPUs only emulate bf16
             else ("no", "fp16")
         )
     if device.type == "mps":

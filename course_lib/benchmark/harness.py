@@ -9,12 +9,8 @@ clipping, AdamW, linear learning-rate decay):
 * ``trainer``     Hugging Face ``Trainer`` with ``TrainingArguments(fp16=/bf16=)``, its defaults otherwise
 * ``course``      the course's own loop, ``course_lib.training.train``
 
-Measuring rules: the runs are interleaved (round-robin over precisions and implementations, the
-order rotated every round, so drift of a shared machine hits all alike); every run starts with
-untimed warm-up steps; the clock is one forward pre-hook on the model, the same instrument for all
-four (a step is the synchronised time from the start of one forward pass to the start of the next,
-so it includes data loading, the optimizer and each library's own bookkeeping); a row reports the
-median over rounds of each round's median step time.
+Measuring rules: the runs are interleaved, every run starts with untimed warm-up steps, one clock
+times all four, and a row reports the median over rounds of each round's median step time.
 """
 
 from __future__ import annotations
@@ -52,6 +48,8 @@ def run_once(implementation: str, model: torch.nn.Module, dataset: Dataset, spec
     """
     fn = TRAINERS[check_choice(implementation, IMPLEMENTATIONS, "implementation", "--implementations")]
     model.to(spec.device)
+    # one forward pre-hook, the same instrument for all four: a step is the synchronised time from one
+    # forward's start to the next, so it includes data loading, the optimizer and each library's bookkeeping
     clock = StepClock(model, spec.device)
     try:
         with warnings.catch_warnings():
@@ -139,7 +137,7 @@ def matmul_peaks(precisions: Sequence[str], device: torch.device) -> dict[str, f
     max_n = 16384 if device.type == "cuda" else 2048  # big enough to saturate the device
     return {
         p: matmul_gflops(autocast_dtype(p), device, max_n=max_n)["gflops"]
-        for p in dict.fromkeys([*precisions, "no"])
+        for p in dict.fromkeys([*precisions, "no"])  # fp32 too: the peak of rows whose autocast was off
     }
 
 
@@ -169,12 +167,13 @@ def _measure_size(
     medians: dict[tuple[str, str], list[float]] = {}  # per-round median step time of each row
     last: dict[tuple[str, str], RunOutput] = {}
     for r in range(cfg.rounds):
-        shift = r % len(cfg.implementations)  # rotate the order every round
+        shift = r % len(cfg.implementations)  # rotated every round: a busy machine's drift hits all
         order = cfg.implementations[shift:] + cfg.implementations[:shift]
         for precision in precisions:
             for impl in order:
                 key = (precision, impl)
                 out = run_once(impl, copy.deepcopy(template), dataset, replace(spec, precision=precision))
+                # the warm-up periods left out; the + 1 run step only closes the last timed period
                 medians.setdefault(key, []).append(
                     statistics.median(out.step_times[cfg.warmup : cfg.warmup + cfg.steps])
                 )

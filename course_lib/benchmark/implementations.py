@@ -49,7 +49,7 @@ def _loader(dataset: Dataset, spec: RunSpec) -> DataLoader:
         raise ValueError(
             f"The dataset has {len(dataset)} rows; {spec.steps} steps need {spec.steps * spec.batch_size}."
         )
-    return DataLoader(dataset, batch_size=spec.batch_size, shuffle=False, drop_last=True)
+    return DataLoader(dataset, batch_size=spec.batch_size, shuffle=False, drop_last=True)  # = Trainer's batches
 
 
 def _optimizer_name(optimizer: torch.optim.Optimizer) -> str:
@@ -70,7 +70,7 @@ def train_pytorch(model: torch.nn.Module, dataset: Dataset, spec: RunSpec) -> Ru
     seed_everything(spec.seed)
     model.to(spec.device)
     optimizer, scheduler = _slides_optimizer(model, spec)
-    max_norm = spec.max_grad_norm or math.inf
+    max_norm = spec.max_grad_norm or math.inf  # None: clip at inf, so the norm is still computed
     losses, _ = slides.train_pytorch(
         model, _loader(dataset, spec), optimizer, scheduler, spec.precision, max_norm
     )
@@ -108,7 +108,7 @@ def train_trainer(model: torch.nn.Module, dataset: Dataset, spec: RunSpec) -> Ru
             weight_decay=spec.weight_decay,
             lr_scheduler_type="linear",
             warmup_steps=0,
-            max_grad_norm=spec.max_grad_norm or 0.0,
+            max_grad_norm=spec.max_grad_norm or 0.0,  # 0: Trainer skips clipping (and the norm)
             fp16=spec.precision == "fp16",
             bf16=spec.precision == "bf16",
             use_cpu=spec.device.type == "cpu",

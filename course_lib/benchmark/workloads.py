@@ -17,7 +17,7 @@ def build_model(size: str, seed: int = 0, seq_len: int = 128) -> torch.nn.Module
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
     size = check_choice(size, MODEL_SIZES, "model size", "--sizes")
-    seed_everything(seed)
+    seed_everything(seed)  # before from_config: the random init (and the new head) are the seed's
     if MODEL_SIZES[size] is None:
         model = models.load_model("embedded")
     else:
