@@ -49,7 +49,8 @@ def _loader(dataset: Dataset, spec: RunSpec) -> DataLoader:
         raise ValueError(
             f"The dataset has {len(dataset)} rows; {spec.steps} steps need {spec.steps * spec.batch_size}."
         )
-    return DataLoader(dataset, batch_size=spec.batch_size, shuffle=False, drop_last=True)  # = Trainer's batches
+    # unshuffled, last partial batch dropped: the batches Trainer's sequential sampler makes too
+    return DataLoader(dataset, batch_size=spec.batch_size, shuffle=False, drop_last=True)
 
 
 def _optimizer_name(optimizer: torch.optim.Optimizer) -> str:

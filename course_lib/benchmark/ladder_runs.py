@@ -52,7 +52,7 @@ def interval(values: list[float], outliers: int = OUTLIERS) -> dict[str, float]:
     than ``2 * outliers + 1`` values: as many as leave the median (3 values: the median alone).
     """
     ordered = sorted(values)
-    k = min(outliers, (len(ordered) - 1) // 2)
+    k = min(outliers, (len(ordered) - 1) // 2)  # never past the median: 3 values leave out 1 at most
     return {"median": statistics.median(ordered), "low": ordered[k], "high": ordered[len(ordered) - 1 - k]}
 
 
@@ -122,6 +122,7 @@ def decide(
         }
     before, after = statistics.median(prev_examples), statistics.median(trial_examples)
     out["examples_ratio"] = before / after
+    # time to target = examples / (examples per second) + one-off seconds, one pair per round
     gains = [(before / pe + prev_once_s) / (after / te + trial_once_s) for pe, te in zip(prev_eps, trial_eps)]
     gain = out["gain"] = interval(gains)
     span = f"{gain['median']:.2f}x (interval {gain['low']:.2f}-{gain['high']:.2f}x over {len(gains)} rounds)"
@@ -173,6 +174,7 @@ def interleaved(measure, a: Stack, b: Stack, rounds: int, log=print) -> tuple[li
     for r in range(rounds):
         for which in (0, 1) if r % 2 == 0 else (1, 0):
             stack = (a, b)[which]
+            # compilation is paid once, so it is timed once: b's first run, from an empty cache
             fresh = which == 1 and r == 0 and b.compile and not a.compile
             runs[which].append(measure.throughput(stack, fresh_compile=fresh))
         log(
@@ -203,7 +205,7 @@ def run_ladder(cfg, log=print, measure=None) -> dict[str, Any]:
     ref_runs = [measure.accuracy(Stack(), s, None) for s in seeds]
     lowest = min(r["final_correct"] for r in ref_runs)
     p = lowest / n
-    se = math.sqrt(p * (1 - p) / n)
+    se = math.sqrt(p * (1 - p) / n)  # the binomial standard error of an accuracy on n rows
     tolerance_rows = round(cfg.tolerance_se * se * n)
     target = lowest - tolerance_rows
     ref_examples = [examples_to(r["evals"], target) for r in ref_runs]
@@ -242,6 +244,7 @@ def run_ladder(cfg, log=print, measure=None) -> dict[str, Any]:
         row["stack"] = asdict(trial)
         log(f"rung {number} {rung.name}: {describe(trial)} ...")
         prev_runs, trial_runs = interleaved(measure, stack, trial, cfg.rounds, log)
+        # a stack that compiles already carries its compile seconds into every later rung
         trial_once = trial_runs[0].get("compile_s", 0.0) if trial.compile and not stack.compile else once_s
         if same:
             trial_examples = list(examples)
@@ -250,7 +253,7 @@ def run_ladder(cfg, log=print, measure=None) -> dict[str, Any]:
             trial_examples = [examples_to(r["evals"], target) for r in row["accuracy_runs"]]
         row.update(_throughput_summary(trial_runs), examples_to_target=trial_examples, once_s=trial_once)
         row["before_examples_per_s"] = [r["examples_per_s"] for r in prev_runs]
-        if last is rows[0] and "examples_per_s" not in last:
+        if last is rows[0] and "examples_per_s" not in last:  # rung 1's throughput: its first comparison
             last.update(_throughput_summary(prev_runs), once_s=0.0)
         row.update(
             decide(

@@ -41,7 +41,8 @@ class Stack:
 
     dynamic_padding: bool = False  # False: every batch padded to max_length
     group_by_length: bool = False
-    fused_adamw: bool = False  # False: torch.optim.AdamW's default (for-loop) kernel, as the slides write it
+    # False: torch.optim.AdamW's default kernel, as the slides write it (for-loop on CPUs, foreach on GPUs)
+    fused_adamw: bool = False
     attention: str = "eager"  # attn_implementation: "eager" or "sdpa"
     precision: str = "no"  # "no" (fp32), "bf16", "fp16"
     compile: bool = False  # torch.compile; compilation counts in the time to target
@@ -127,7 +128,7 @@ def skip_reason(rung: Rung, model: torch.nn.Module, device: torch.device) -> str
 
 def apply(rung: Rung, stack: Stack, precision: str = "no") -> Stack:
     """``stack`` with ``rung``'s change (rung 6 takes ``precision``)."""
-    change = {k: (precision if v is None else v) for k, v in rung.change.items()}
+    change = {k: (precision if v is None else v) for k, v in rung.change.items()}  # None: decided here
     return replace(stack, **change)
 
 
@@ -140,7 +141,7 @@ def train_settings(stack: Stack, cfg, seed: int, max_steps: int | None = None) -
     train_cfg = TrainConfig(
         epochs=cfg.epochs,
         max_steps=max_steps,
-        lr=cfg.lr * math.sqrt(stack.batch_mult),
+        lr=cfg.lr * math.sqrt(stack.batch_mult),  # square-root scaling for Adam (Malladi et al. 2022)
         weight_decay=cfg.weight_decay,
         precision=stack.precision,
         seed=seed,
@@ -150,7 +151,7 @@ def train_settings(stack: Stack, cfg, seed: int, max_steps: int | None = None) -
         fused_optimizer=stack.fused_adamw,
         attn_implementation=stack.attention,
         compile=stack.compile,
-        compile_dynamic=True if stack.compile and stack.dynamic_padding else None,
+        compile_dynamic=True if stack.compile and stack.dynamic_padding else None,  # lengths vary per batch
     )
     loader = {
         "batch_size": cfg.batch_size * stack.batch_mult,
@@ -258,7 +259,7 @@ def accuracy_run(
     train_cfg, settings = train_settings(stack, cfg, seed)
     model = copy.deepcopy(prepared.model)
     loader = _loader(stack, prepared, cfg, seed, device)
-    every = cfg.eval_every // stack.batch_mult
+    every = cfg.eval_every // stack.batch_mult  # eval_every counts base batches; a step holds batch_mult
     steps = cfg.epochs * len(loader)
     evals: list[dict[str, Any]] = []
     n = len(prepared.eval_loader.dataset)
@@ -267,7 +268,7 @@ def accuracy_run(
         if step % every and step != steps:
             return False
         accuracy = evaluate(model, prepared.eval_loader)["accuracy"]  # fp32, the uncompiled module
-        correct = round(accuracy * n)
+        correct = round(accuracy * n)  # a count: the target compares rows, not rounded fractions
         evals.append({"examples": step * settings["batch_size"], "correct": correct, "accuracy": correct / n})
         return stop_at is not None and correct >= stop_at
 
@@ -303,6 +304,7 @@ def throughput_run(
     }
     if stack.compile and fresh_compile:
         warm = history.step_times[: cfg.warmup_steps]
+        # the warm-up beyond as many steps at the timed rate; max(0): noise can make that negative
         out["compile_s"] = max(0.0, sum(warm) - len(warm) * seconds / len(timed))
     return out
 
