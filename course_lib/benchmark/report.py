@@ -220,6 +220,7 @@ def record_config(record: dict[str, Any]) -> BenchConfig:
 
 def report_from_record(record: dict[str, Any]) -> str:
     """``markdown_report`` of a record, rendered without measuring (the core count is the record's)."""
+    # or 0: a record without "cores" says nothing, rather than this (rendering) machine's count
     return markdown_report(
         record["rows"], record_config(record), record.get("seconds"), cores=record.get("cores") or 0
     )
@@ -232,7 +233,7 @@ def plot(rows: Sequence[dict[str, Any]], path: str | Path) -> None:
     """
     import matplotlib
 
-    matplotlib.use("Agg")
+    matplotlib.use("Agg")  # a file, not a window: no display needed (before pyplot is imported)
     import matplotlib.pyplot as plt
 
     sizes = list(dict.fromkeys(r["model_size"] for r in rows))
@@ -248,13 +249,13 @@ def plot(rows: Sequence[dict[str, Any]], path: str | Path) -> None:
             for i, impl in enumerate(impls):
                 r = index.get((size, precision, impl))
                 if r:
-                    xs.append(i + (j - (len(precisions) - 1) / 2) * width)
+                    xs.append(i + (j - (len(precisions) - 1) / 2) * width)  # the precisions centred on i
                     ys.append(r["tokens_per_s"])
                     labels.append(format_cell(r.get("vs_pytorch"), ".2f", "x"))
             bars = ax.bar(xs, ys, width, label=precision_label(precision))
             ax.bar_label(bars, labels, fontsize=7, padding=2)
             top = max([top, *ys])
-        ax.set_ylim(0, top * 1.3)
+        ax.set_ylim(0, top * 1.3)  # room above the tallest bar for its label and the legend
         ax.set_xticks(range(len(impls)), [LABELS[i] for i in impls], rotation=20, ha="right")
         ax.set_title(f"{size} model", fontsize=10)
         ax.set_ylabel("tokens / s")

@@ -6,10 +6,8 @@
   (``torch.distributed.optim.ZeroRedundancyOptimizer``: each rank keeps the AdamW state of its share
   of the parameters), ``fsdp_no_reshard`` and ``fsdp`` (FSDP2's ``fully_shard`` per transformer block
   and on the model, with ``reshard_after_forward=False`` and ``True``: gradients and parameters sharded
-  too; without resharding the gathered parameters stay from forward to backward, so the step sends
-  what ZeRO-2 sends, but between steps only shards are held, as in ZeRO-3). Per
-  rank: the bytes of parameters, gradients and optimizer state held (local shards), the collectives
-  counted (``instruments.comm``) and the final full parameters.
+  too). Per rank: the bytes of parameters, gradients and optimizer state held (local shards), the
+  collectives counted (``instruments.comm``) and the final full parameters.
 * ``bytes_rows`` / ``comm_rows`` / ``agreement``: the tables and the check against DDP the lesson prints.
 """
 
@@ -84,14 +82,16 @@ def _wrap(strategy: str, model: torch.nn.Module, lr: float):
     from torch.distributed.optim import ZeroRedundancyOptimizer
     from torch.nn.parallel import DistributedDataParallel
 
-    adamw = {"lr": lr, "weight_decay": 0.0, "foreach": False}
+    adamw = {"lr": lr, "weight_decay": 0.0, "foreach": False}  # one update path for all: params compare
     if strategy in ("ddp", "zero1"):
         ddp = DistributedDataParallel(model)
         ddp.register_comm_hook(None, allreduce_hook)  # the same all-reduce, through Python: counted
         if strategy == "ddp":
             return ddp, torch.optim.AdamW(ddp.parameters(), **adamw)
         return ddp, ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.AdamW, **adamw)
-    reshard = strategy == "fsdp"  # fsdp_no_reshard: keep the gathered parameters until backward
+    # fsdp_no_reshard keeps the gathered parameters from forward to backward: a step sends what ZeRO-2
+    # sends, but between steps only shards are held, as in ZeRO-3 (STAGE)
+    reshard = strategy == "fsdp"
     shard_model(model, reshard_after_forward=reshard)  # each transformer block, then the model
     return model, torch.optim.AdamW(model.parameters(), **adamw)
 
@@ -119,7 +119,7 @@ def _full_params(model: torch.nn.Module) -> torch.Tensor:
 def _run(strategy: str, demo: ShardDemo, batches: Sequence[dict], world_size: int) -> dict:
     from course_lib.models import load_model
 
-    torch.manual_seed(demo.seed)
+    torch.manual_seed(demo.seed)  # the classifier head's random init: the same for every strategy
     model = disable_dropout(load_model())  # dropout off: every strategy computes the same function
     model, optimizer = _wrap(strategy, model, demo.lr)
     model.train()
@@ -128,6 +128,7 @@ def _run(strategy: str, demo: ShardDemo, batches: Sequence[dict], world_size: in
         with counting_collectives(log):
             loss = model(**batch).loss
             loss.backward()
+            # counted before zero_grad(set_to_none=True) frees them: what the rank holds at the step
             grads = _nbytes(p.grad for p in model.parameters() if p.grad is not None)
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
