@@ -50,7 +50,7 @@ def moving_average(values: Sequence[float], window: int) -> list[float]:
         total += v
         if i >= window:
             total -= values[i - window]
-        out.append(total / min(i + 1, window))
+        out.append(total / min(i + 1, window))  # the first window - 1 points: the mean of those so far
     return out
 
 
@@ -117,7 +117,7 @@ def score_limits(values: Sequence[float], min_span: float = 0.2) -> tuple[float,
     if hi - lo < min_span:
         mid = (lo + hi) / 2
         lo, hi = mid - min_span / 2, mid + min_span / 2
-    if lo < 0:
+    if lo < 0:  # shifted inside [0, 1], the span kept
         lo, hi = 0.0, hi - lo
     if hi > 1:
         lo, hi = max(0.0, lo - (hi - 1)), 1.0
@@ -165,6 +165,7 @@ def bar_chart(
     for j, name in enumerate(series):
         xs = [i + (j - (len(series) - 1) / 2) * width for i in range(len(groups))]
         ys = [row.get(name, math.nan) for row in groups.values()]
+        # a NaN as a zero-height bar: its slot stays, labelled "n/a"
         bars = ax.bar(xs, [0 if math.isnan(y) else y for y in ys], width, label=name if name else None)
         ax.bar_label(bars, labels=["n/a" if math.isnan(y) else fmt.format(y) for y in ys], fontsize=8)
     ax.set_xticks(range(len(groups)), list(groups))
@@ -174,7 +175,7 @@ def bar_chart(
         ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
     ax.set(ylabel=ylabel, title=title)
     ax.grid(axis="y", alpha=0.3)
-    if len(series) > 1 or series[0]:
+    if len(series) > 1 or series[0]:  # a flat mapping's one series is named "": no legend
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the bars, never over them
     ax.margins(y=0.15)
     return ax

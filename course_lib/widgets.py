@@ -1,10 +1,9 @@
 """Interactive explorers for the lessons (ipywidgets), with a plain-text fallback.
 
-``precision_explorer()``: type a number (the view follows each keystroke, no Enter needed), pick a
-loss scale, and see how fp32, fp16 and bf16 store it (sign / exponent / mantissa bits), what it
-rounds to, and whether it underflows or overflows. The text it shows is ``explain_number(...)``,
-which a headless run (nbval, nbclient, nbgrader) can print instead: the widget needs a live Jupyter
-front end, the function does not.
+``precision_explorer()``: type a number, pick a loss scale, and see how fp32, fp16 and bf16 store it
+(sign / exponent / mantissa bits), what it rounds to, and whether it underflows or overflows. The text
+it shows is ``explain_number(...)``, which a headless run (nbval, nbclient, nbgrader) can print
+instead: the widget needs a live Jupyter front end, the function does not.
 """
 
 from __future__ import annotations
@@ -75,7 +74,7 @@ def precision_explorer(value: str = "1e-8", scale: float = 1.0):
     )
     scale_box = w.Dropdown(
         options=list(SCALES.items()),
-        value=float(scale) if scale in SCALES.values() else 1.0,
+        value=float(scale) if scale in SCALES.values() else 1.0,  # a Dropdown's value must be an option
         description="scale",
     )
     out = w.HTML()
