@@ -52,7 +52,7 @@ def interval(values: list[float], outliers: int = OUTLIERS) -> dict[str, float]:
     than ``2 * outliers + 1`` values: as many as leave the median (3 values: the median alone).
     """
     ordered = sorted(values)
-    k = min(outliers, (len(ordered) - 1) // 2)  # never past the median: 3 values leave out 1 at most
+    k = min(outliers, (len(ordered) - 1) // 2)  # the median always stays (3 values: the median alone)
     return {"median": statistics.median(ordered), "low": ordered[k], "high": ordered[len(ordered) - 1 - k]}
 
 

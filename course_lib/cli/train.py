@@ -374,7 +374,7 @@ def run(cfg: RunConfig) -> dict[str, Any]:
     n_params = sum(p.numel() for p in model.parameters())
     train_loader, eval_loader = make_loaders(cfg, accelerator, tokenizer, train_split, val_split)
     if cfg.train.fsdp or fsdp.accelerator_shards(accelerator):  # before the optimizer: it holds the shards
-        fsdp.shard_model(model.to(accelerator.device))  # shards are cut where the parameters are
+        fsdp.shard_model(model.to(accelerator.device))
     held = gather_object([fsdp.local_numel(model)])  # parameters each rank holds (collective)
     log(f"parameters: {n_params}, held per process: {held}")
     t = cfg.train

@@ -21,7 +21,7 @@ def micro_batches(dataloader, k: int, start: int = 0) -> Iterator[tuple[Any, boo
     window holds (``k``, fewer in the epoch's short last window).
     """
     n = len(dataloader)
-    # islice still loads the skipped batches: a resumed run sees the order the full epoch would
+    # islice loads and drops the skipped batches (a cost), so the rest come in the uninterrupted order
     batches: Iterable = islice(enumerate(dataloader), start, None)
     for i, batch in batches:
         # update: every k-th batch and the epoch's last, so a short last window still ends in a step.

@@ -44,5 +44,5 @@ def compiled(model: torch.nn.Module, enabled: bool, dynamic: bool | None = None)
         and getattr(config, "num_labels", 0) > 1
     ):
         config.problem_type = "single_label_classification"
-    # dynamic=True where batches change length (dynamic padding): a new length compiles no new graph
+    # dynamic=True where batches change length (dynamic padding): not a new graph for every new length
     return torch.compile(model, dynamic=dynamic)
