@@ -17,6 +17,12 @@
    (one module fixture, `grading_runs`, does both). The coverage test then checks,
    from the measured scores, that every test cell is failed by a wrong answer and passed by every other
    fixture, and that every answer cell has an alternative correct answer that earns full marks.
+3. The README's instructor guide, every command as written, and the formgrader serving its result.
+
+One thread pool (`GradingJobs`, MATRIX_WORKERS jobs at a time) runs all of it: the two course
+directories, the instructor guide and the matrix notebooks share the two cores from the start, so no
+single-threaded step runs alone after the others. Each notebook runs once: the tests read the module
+fixtures' results.
 """
 
 from __future__ import annotations
@@ -28,8 +34,9 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import tomllib
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -216,11 +223,17 @@ def read_grades(
     return grades
 
 
+def submitted_reference(course: Path, assignment: str) -> tuple[nbformat.NotebookNode, nbformat.NotebookNode]:
+    """(the release of ``assignment`` in ``course``, the release with the reference answers filled in)."""
+    name = f"{assignment}.ipynb"
+    release = read_notebook(course / "exercises" / assignment / name)
+    return release, fill_answers(release, read_notebook(course / "solutions" / assignment / name))
+
+
 def submit(course: Path, assignment: str) -> list[str]:
     """Place every submission of ``assignment`` in ``submitted/``; return the student ids."""
     name = f"{assignment}.ipynb"
-    release = read_notebook(course / "exercises" / assignment / name)
-    reference = fill_answers(release, read_notebook(course / "solutions" / assignment / name))
+    release, reference = submitted_reference(course, assignment)
     notebooks = {REFERENCE: reference, UNTOUCHED: release}
     notebooks |= {
         s.student: s.build(reference)
@@ -255,23 +268,72 @@ def grade_course(course: Path, assignments: list[str]) -> list[GradedCourse]:
     return runs
 
 
+class GradingJobs:
+    """The module's one thread pool, and the jobs submitted to it by name, each at most once.
+
+    Every notebook run and nbgrader command of this file goes through it, so that the whole tier keeps
+    MATRIX_WORKERS jobs going on the two cores instead of running its single-threaded steps (the
+    instructor guide's commands, the formgrader start, the warnings premise) one after the other once
+    the pool is done.
+    """
+
+    def __init__(self, base: Path):
+        self.base = base
+        self.pool = ThreadPoolExecutor(max_workers=MATRIX_WORKERS)
+        self.futures: dict[str, Future] = {}
+        self.lock = threading.Lock()
+
+    def submit(self, name: str, fn, *args) -> Future:
+        with self.lock:
+            if name not in self.futures:
+                self.futures[name] = self.pool.submit(fn, *args)
+            return self.futures[name]
+
+    def as_submitted(self, submission: Submission) -> Future:
+        """``submission`` executed as submitted, without the autograder (see ``execute_as_submitted``)."""
+        folder = self.base / f"as_submitted_{submission.student}"
+        return self.submit(f"as submitted: {submission.student}", execute_as_submitted, folder, submission)
+
+    def instructor(self) -> Future:
+        """The instructor guide's commands, then the formgrader (see ``run_instructor_guide``)."""
+        return self.submit("instructor", run_instructor_guide, self.base / "instructor")
+
+
 @pytest.fixture(scope="module")
-def grading_runs(tmp_path_factory) -> tuple[dict[str, GradedCourse], dict[str, MatrixResult]]:
+def grading_jobs(tmp_path_factory):
+    jobs = GradingJobs(tmp_path_factory.mktemp("grading"))
+    yield jobs
+    jobs.pool.shutdown(wait=True, cancel_futures=True)
+
+
+@pytest.fixture(scope="module")
+def grading_runs(grading_jobs, request) -> tuple[dict[str, GradedCourse], dict[str, MatrixResult]]:
     """The nbgrader cycle and the fixture matrix, run side by side.
 
     The cycle grades the assignments in two course directories (one gradebook each) at the same time;
-    the matrix notebooks run alongside, slow assignments first, on a third worker and on the second
-    one once its course is graded. Three workers on two cores fill the time the cycle waits (nbgrader
-    starting, the runaway cell idling to the time limit); every kernel uses one OpenMP thread.
+    the instructor guide's flow and the warnings premise start next, on the third worker, and the matrix
+    notebooks follow, slow assignments first, on whichever worker is free. Three workers on two cores
+    fill the time the cycle waits (nbgrader starting, the runaway cell idling to the time limit); every
+    kernel uses one OpenMP thread. The instructor guide runs when a selected test needs it; that test
+    finds it done.
     """
-    base = tmp_path_factory.mktemp("grading")
+    base = grading_jobs.base
     groups = [g for g in (ASSIGNMENTS[i::2] for i in range(2)) if g]  # one nbgrader run per group and step
+    courses = [
+        grading_jobs.submit(f"course{i}", grade_course, base / f"course{i}", group)
+        for i, group in enumerate(groups)
+    ]
+    if any("instructor_course" in item.fixturenames for item in request.session.items):
+        grading_jobs.instructor()  # only when a selected test needs it
+    for submission in (s for s in SUBMISSIONS if s.warns_in):
+        grading_jobs.as_submitted(submission)
     order = sorted(MATRIX, key=lambda r: -ASSIGNMENTS.index(r.assignment))
-    with ThreadPoolExecutor(max_workers=len(groups) + 1) as pool:
-        courses = [pool.submit(grade_course, base / f"course{i}", group) for i, group in enumerate(groups)]
-        runs = [pool.submit(run_matrix_notebook, base / f"matrix{i}", run) for i, run in enumerate(order)]
-        graded = {course.assignment: course for future in courses for course in future.result()}
-        matrix = {result.run.name: result for result in (future.result() for future in runs)}
+    runs = [
+        grading_jobs.submit(f"matrix:{run.name}", run_matrix_notebook, base / f"matrix{i}", run)
+        for i, run in enumerate(order)
+    ]
+    graded = {course.assignment: course for future in courses for course in future.result()}
+    matrix = {result.run.name: result for result in (future.result() for future in runs)}
     return graded, matrix
 
 
@@ -372,6 +434,18 @@ def plan_matrix() -> list[MatrixRun]:
 
 
 MATRIX = plan_matrix()
+
+
+def fewest_matrix_notebooks() -> int:
+    """The fewest notebooks any plan needs: a notebook holds one version of each answer cell, so an
+    assignment needs as many as the fixtures (matrix submissions and alternatives) of its busiest cell."""
+    fewest = 0
+    for assignment in ASSIGNMENTS:
+        parts = [s for s in SUBMISSIONS if s.assignment == assignment and s.graded_by == "check"]
+        parts += [a for a in ALTERNATIVE_ANSWERS if a.assignment == assignment]
+        answers, _ = cells_of(assignment)
+        fewest += max((sum(cell in p.cells for p in parts) for cell in answers), default=0)
+    return fewest
 
 
 @dataclass
@@ -498,7 +572,10 @@ def test_every_test_fails_a_wrong_answer_and_every_answer_has_an_alternative(gra
     with capsys.disabled():
         print("\n\nCoverage of the tests by tests/fixtures/ (measured):\n" + "\n".join(lines))
         seconds = sum(r.seconds for r in matrix.values())
-        print(f"fixture matrix: {len(matrix)} notebooks, {seconds:.0f} s of notebook time\n")
+        print(
+            f"fixture matrix: {len(matrix)} notebooks (at least {fewest_matrix_notebooks()}: one version of "
+            f"each answer cell per notebook), {seconds:.0f} s of notebook time\n"
+        )
     assert not problems, "\n".join(problems)
 
 
@@ -825,8 +902,18 @@ def test_reference_cells_leave_the_cell_limit_headroom(matrix, capsys):
     )
 
 
+def execute_as_submitted(folder: Path, submission: Submission) -> nbformat.NotebookNode:
+    """``submission`` built from the committed release and solutions, run in a fresh kernel as submitted
+    (no IgnorePattern, no hidden tests): the outputs the autograder's IgnorePattern then filters."""
+    folder.mkdir(parents=True)
+    _, reference = submitted_reference(ROOT, submission.assignment)
+    path = folder / f"{submission.assignment}.ipynb"
+    nbformat.write(submission.build(reference), path)
+    return execute_copy(path, env=KERNEL_ENV)
+
+
 @pytest.mark.slow
-def test_library_warnings_do_not_cost_points(graded):
+def test_library_warnings_do_not_cost_points(graded, grading_jobs):
     """A correct answer that makes torch warn inside a test cell keeps its points."""
     submission = the_submission(lambda s: s.student == "library_warnings")
     run = graded[submission.assignment]
@@ -838,7 +925,12 @@ def test_library_warnings_do_not_cost_points(graded):
     # would score 0 without the IgnorePattern set in nbgrader_config.py.
     from nbgrader.utils import determine_grade
 
-    executed = cells_by_id(execute_copy(run.notebook("submitted", submission.student)))
+    executed = grading_jobs.as_submitted(submission).result()  # run in the pool, beside the cycle
+    submitted = read_notebook(run.notebook("submitted", submission.student))
+    assert [c.source for c in executed.cells] == [c.source for c in submitted.cells], (
+        "the premise ran another notebook than the one submitted"
+    )
+    executed = cells_by_id(executed)
     for gid in submission.warns_in:
         stderr = "".join(o.get("text", "") for o in executed[gid].outputs if o.get("name") == "stderr")
         assert "UserWarning" in stderr, f"{gid} printed no warning: the fixture no longer tests anything"
@@ -885,12 +977,30 @@ def instructor_section() -> str:
     return text[text.index("<!-- instructor:start -->") : text.index("<!-- instructor:end -->")]
 
 
-@pytest.fixture(scope="module")
-def instructor_course(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
-    """A copy of the course where every command of the README's instructor section ran, in order."""
-    base = tmp_path_factory.mktemp("instructor")
+@dataclass
+class InstructorRun:
+    """The README's instructor guide, run as written in a copy of the course, and the formgrader after it."""
+
+    course: Path
+    done: subprocess.CompletedProcess
+    formgrader: Formgrader | None  # None when a command of the guide failed
+
+
+@dataclass
+class Formgrader:
+    """What JupyterLab, started in the graded course, answered on the formgrader's API."""
+
+    submissions: list | None  # the API's JSON for 00_intro; None if it never answered
+    port: int | None
+    server: str  # "running" or "exited N" when the asking stopped
+    log: str
+
+
+def run_instructor_guide(base: Path) -> InstructorRun:
+    """Every command of the README's instructor section, in order, in a copy of the course; then the
+    formgrader of the graded course (``ask_formgrader``). A job of the grading pool."""
     course = base / "course"
-    course.mkdir()
+    course.mkdir(parents=True)
     for name in ("solutions", "exercises"):
         shutil.copytree(ROOT / name, course / name)
     shutil.copy2(ROOT / "nbgrader_config.py", course)
@@ -906,12 +1016,65 @@ def instructor_course(tmp_path_factory) -> tuple[Path, subprocess.CompletedProce
     done = subprocess.run(
         ["bash", "-c", script], cwd=course, env=env, capture_output=True, text=True, timeout=COMMAND_LIMIT
     )
-    return course, done
+    formgrader = ask_formgrader(course, base / "formgrader") if done.returncode == 0 else None
+    return InstructorRun(course, done, formgrader)
+
+
+def ask_formgrader(course: Path, folder: Path) -> Formgrader:
+    """Start JupyterLab in ``course`` and ask the formgrader's API for the submissions of 00_intro.
+
+    The server picks its own free port (``--port=0``); its port is read from the server's runtime file
+    (``jpserver-<pid>.json``) and the API asked on 127.0.0.1. The server's log goes to a file, so that a
+    full pipe cannot block it.
+    """
+    import json
+    import time
+    import urllib.request
+
+    folder.mkdir(parents=True)
+    runtime, token = folder / "runtime", "course-test"
+    cmd = [shutil.which("jupyter"), "lab", "--no-browser", "--allow-root", "--ip=127.0.0.1", "--port=0"]
+    cmd.append(f"--IdentityProvider.token={token}")
+    env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(runtime)}
+    log_path = folder / "server.log"
+    with log_path.open("w") as log:
+        server = subprocess.Popen(cmd, cwd=course, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline, port, submissions = time.monotonic() + 180, None, None
+        while submissions is None and time.monotonic() < deadline and server.poll() is None:
+            if port is None:
+                infos = [json.loads(p.read_text()) for p in runtime.glob("jpserver-*.json")]
+                port = next((i["port"] for i in infos if i.get("pid") == server.pid), None)
+            if port is not None:
+                url = f"http://127.0.0.1:{port}/formgrader/api/submissions/00_intro?token={token}"
+                try:
+                    with urllib.request.urlopen(url, timeout=10) as response:
+                        submissions = json.load(response)
+                    break
+                except OSError:
+                    pass
+            time.sleep(0.5)
+        state = "running" if server.poll() is None else f"exited {server.returncode}"
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(timeout=30)
+    return Formgrader(submissions, port, state, log_path.read_text(errors="replace"))
+
+
+@pytest.fixture(scope="module")
+def instructor_course(grading_jobs) -> InstructorRun:
+    """The instructor guide's run: started by ``grading_runs`` when the grading tier runs (so it shares
+    the pool), or here when only the instructor tests were asked for."""
+    return grading_jobs.instructor().result()
 
 
 @pytest.mark.slow
 def test_instructor_guide_commands_work_as_written(instructor_course):
-    course, done = instructor_course
+    course, done = instructor_course.course, instructor_course.done
     assert len(bash_blocks(instructor_section())) >= 7
     assert done.returncode == 0, (
         f"a command of {DOCS.name} failed:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
@@ -930,52 +1093,13 @@ def test_instructor_guide_commands_work_as_written(instructor_course):
 
 
 @pytest.mark.slow
-def test_formgrader_serves_the_graded_course(instructor_course, tmp_path):
-    """JupyterLab started in the course folder serves the formgrader with the autograded submission.
-
-    The server picks its own free port (``--port=0``); the test reads it from the server's runtime file
-    (``jpserver-<pid>.json``) and asks the formgrader's API on 127.0.0.1. The server's log goes to a file,
-    so that a full pipe cannot block it.
-    """
-    import json
-    import time
-    import urllib.request
-
-    course, done = instructor_course
-    assert done.returncode == 0
-    runtime, token = tmp_path / "runtime", "course-test"
-    cmd = [shutil.which("jupyter"), "lab", "--no-browser", "--allow-root", "--ip=127.0.0.1", "--port=0"]
-    cmd.append(f"--IdentityProvider.token={token}")
-    env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(runtime)}
-    log_path = tmp_path / "server.log"
-    with log_path.open("w") as log:
-        server = subprocess.Popen(cmd, cwd=course, env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline, port, submissions = time.monotonic() + 180, None, None
-        while submissions is None and time.monotonic() < deadline and server.poll() is None:
-            if port is None:
-                infos = [json.loads(p.read_text()) for p in runtime.glob("jpserver-*.json")]
-                port = next((i["port"] for i in infos if i.get("pid") == server.pid), None)
-            if port is not None:
-                url = f"http://127.0.0.1:{port}/formgrader/api/submissions/00_intro?token={token}"
-                try:
-                    with urllib.request.urlopen(url, timeout=10) as response:
-                        submissions = json.load(response)
-                    break
-                except OSError:
-                    pass
-            time.sleep(0.5)
-        assert submissions is not None, (
-            f"the formgrader did not answer (port {port}, server "
-            f"{'running' if server.poll() is None else f'exited {server.returncode}'}):\n"
-            f"{log_path.read_text(errors='replace')[-3000:]}"
-        )
-        (submission,) = submissions
-        assert submission["score"] == submission["max_score"] > 0, submission
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(timeout=30)
+def test_formgrader_serves_the_graded_course(instructor_course):
+    """JupyterLab started in the course folder serves the formgrader with the autograded submission
+    (asked in the grading pool right after the guide's commands: ``ask_formgrader``)."""
+    assert instructor_course.done.returncode == 0
+    answer = instructor_course.formgrader
+    assert answer.submissions is not None, (
+        f"the formgrader did not answer (port {answer.port}, server {answer.server}):\n{answer.log[-3000:]}"
+    )
+    (submission,) = answer.submissions
+    assert submission["score"] == submission["max_score"] > 0, submission
