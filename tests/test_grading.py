@@ -1009,6 +1009,7 @@ def run_instructor_guide(base: Path) -> InstructorRun:
     (base / "tmp").mkdir()
     env = {
         **os.environ,
+        **KERNEL_ENV,  # it runs beside two other jobs of the pool
         "EXCHANGE": str(base / "exchange"),
         "JUPYTER_RUNTIME_DIR": str(base / "runtime"),
         "TMPDIR": str(base / "tmp"),  # the guide's `mktemp -d` student folder
