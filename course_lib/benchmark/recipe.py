@@ -13,12 +13,8 @@ each factor measured the way it is stable:
 
 Target: the lowest final validation accuracy of the slides' settings over the seeds, less
 ``tolerance_se`` binomial standard errors of the validation set (counted in validation rows). The
-decision (``ladder_runs.decide``, where the reasons are): one gain per round from the seed medians;
-a rung is **kept** when the median gain over rounds is at least ``min_gain`` (the smallest gain worth
-changing the recipe for, 1.05) and the interval from the 2nd smallest to the 2nd largest round lies
-above 1, **dropped** when it is at most ``1 / min_gain`` with the interval below 1 or a seed never
-reaches the target, and **within noise** (not kept) otherwise. The recommended recipe is the last
-kept stack; it is measured once more against the slides' settings, interleaved the same way.
+decision, keep / drop / within noise, and its reasons: ``ladder_runs.decide``. The recommended recipe
+is the last kept stack; it is measured once more against the slides' settings, interleaved the same way.
 """
 
 from __future__ import annotations
@@ -244,6 +240,7 @@ COLUMNS = (
 def time_to_target(row: dict[str, Any]) -> float | None:
     """Median examples to target over median examples per second, plus one-off seconds."""
     reached = [v for v in row.get("examples_to_target") or [] if v is not None]
+    # a seed that missed the target: no time to target (as decide drops the rung)
     if not reached or not row.get("examples_per_s") or len(reached) < len(row["examples_to_target"]):
         return None
     return statistics.median(reached) / statistics.median(row["examples_per_s"]) + row.get("once_s", 0.0)
@@ -315,7 +312,7 @@ def plot(record: dict[str, Any], path: str | Path | None = None, ax=None):
     import matplotlib
 
     if path is not None:
-        matplotlib.use("Agg")
+        matplotlib.use("Agg")  # a file, not a window: no display needed (before pyplot is imported)
     import matplotlib.pyplot as plt
 
     rows, fig = [r for r in record["rows"][1:] if r.get("gain")], None
