@@ -56,10 +56,11 @@ COURSE_ID = "efficient-training"
 REFERENCE, UNTOUCHED = "reference", "untouched"
 # A bound on one nbgrader command, so that a hung autograde fails the suite instead of hanging CI.
 COMMAND_LIMIT = 900
-# Notebooks run two at a time (two gradebooks, two matrix workers) on 2 cores: one OpenMP thread each,
-# or torch's threads thrash (CONTRIBUTING, "Threads and load").
+# Notebooks run three at a time on 2 cores: one OpenMP thread each, or torch's threads thrash
+# (CONTRIBUTING, "Threads and load").
 KERNEL_ENV = {"OMP_NUM_THREADS": "1"}
-# Notebooks graded at once at most: one per gradebook (two) and one more for the fixture matrix.
+# Jobs of the grading pool at once (GradingJobs): while the two gradebooks grade, the third worker runs
+# the instructor guide, then matrix notebooks; all three take matrix notebooks once the courses are done.
 MATRIX_WORKERS = 3
 # While developing one assignment: COURSE_GRADING_ONLY=04_accumulation_checkpointing pytest tests/test_grading.py
 # grades only the named assignments (comma-separated). `make test` grades every one.
