@@ -89,7 +89,7 @@ TRAIN_FLAGS: dict[str, tuple[str | None, str, tuple[str, ...]]] = {  # field: (g
     ),
     "fused_optimizer": (
         RECIPE,
-        "AdamW's fused kernel (auto: where torch has it; no: the default for-loop kernel)",
+        "AdamW's fused kernel (auto: where torch has it; no: torch's default kernel, foreach on GPUs and the for-loop on CPUs)",
         ("--fused-adamw",),
     ),
     "attn_implementation": (RECIPE, "attention kernels (default: as the model loads)", ()),
