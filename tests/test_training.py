@@ -307,3 +307,29 @@ def test_progress_bar_redraws_a_bounded_number_of_times_however_slow_the_steps(m
     history = training.train(_TinyClassifier(), rows, cfg, optimizer=None)
     assert len(history.losses) == 100 and len(bars) == 1 and bars[0].n == 100
     assert 2 <= bars[0].redraws <= loop.PROGRESS_REDRAWS + 2, bars[0].redraws  # + the first and the last
+
+
+def test_evaluation_loss_is_the_mean_over_rows_not_over_batches():
+    """A short last batch weighs by its rows: 3 rows + 1 row, each row's loss known in advance."""
+    from types import SimpleNamespace
+
+    from course_lib.training.metrics import evaluate
+
+    class Fixed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(()))
+
+        def forward(self, logits, labels):
+            loss = torch.nn.functional.cross_entropy(logits, labels)  # the batch mean, as a model returns
+            return SimpleNamespace(logits=logits + self.w, loss=loss)
+
+    rows = torch.tensor([[2.0, 0.0], [0.0, 2.0], [1.0, 0.0], [0.0, 3.0]])
+    labels = torch.tensor([0, 1, 1, 0])
+    batches = [{"logits": rows[:3], "labels": labels[:3]}, {"logits": rows[3:], "labels": labels[3:]}]
+    per_row = torch.nn.functional.cross_entropy(rows, labels, reduction="none")
+    metrics = evaluate(Fixed(), batches)
+    assert metrics["loss"] == pytest.approx(per_row.mean().item(), rel=1e-6)
+    batch_means = (per_row[:3].mean() + per_row[3:].mean()).item() / 2
+    assert abs(metrics["loss"] - batch_means) > 0.1  # the two means differ here, so the check can fail
+    assert metrics["accuracy"] == 0.5

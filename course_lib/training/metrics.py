@@ -26,7 +26,7 @@ def accuracy_f1(preds: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
 
 @torch.no_grad()
 def evaluate(model, dataloader, precision: str = "no", accelerator=None) -> dict[str, float]:
-    """Mean loss, accuracy and F1 of ``model`` on ``dataloader`` (all processes' rows gathered).
+    """Loss, accuracy and F1 of ``model`` on ``dataloader``: means over rows, all processes' rows gathered.
 
     With an ``accelerator`` the prepared model autocasts itself and predictions are gathered from
     every process; without one, batches go to the model's device and ``precision`` sets autocast.
@@ -40,21 +40,24 @@ def evaluate(model, dataloader, precision: str = "no", accelerator=None) -> dict
         if precision == "no"
         else lambda: torch.amp.autocast(device_type=device.type, dtype=autocast_dtype(precision))
     )
-    all_preds, all_labels, losses = [], [], []
+    all_preds, all_labels, all_losses = [], [], []
     for batch in dataloader:
         if accelerator is None:
             batch = to_device(batch, device)
         with autocast():
             out = model(**batch)
         preds, labels = out.logits.argmax(-1), batch["labels"]
+        # per row, so a short last batch weighs by its rows and every process's rows count (out.loss is
+        # this process's batch mean)
+        losses = torch.nn.functional.cross_entropy(out.logits.float(), labels, reduction="none")
         if accelerator is not None:
             # every process's rows, minus the duplicates a DistributedSampler pads the last batch with
-            preds, labels = accelerator.gather_for_metrics((preds, labels))
+            preds, labels, losses = accelerator.gather_for_metrics((preds, labels, losses))
         all_preds.append(preds.cpu())
         all_labels.append(labels.cpu())
-        losses.append(out.loss.float().item())  # this process's batch mean, not gathered nor row-weighted
+        all_losses.append(losses.cpu())
     if was_training:
         model.train()
     metrics = accuracy_f1(torch.cat(all_preds), torch.cat(all_labels))
-    metrics["loss"] = sum(losses) / len(losses)
+    metrics["loss"] = torch.cat(all_losses).mean().item()  # the mean over rows
     return metrics
