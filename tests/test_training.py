@@ -333,3 +333,20 @@ def test_evaluation_loss_is_the_mean_over_rows_not_over_batches():
     batch_means = (per_row[:3].mean() + per_row[3:].mean()).item() / 2
     assert abs(metrics["loss"] - batch_means) > 0.1  # the two means differ here, so the check can fail
     assert metrics["accuracy"] == 0.5
+
+
+def test_the_recorded_loss_of_an_accumulated_step_is_the_mean_over_its_window(tokenized, tok):
+    """k = 2: history's first loss is the mean of the two micro-batches' losses before the update."""
+    rows = tokenized["train"].select(range(8))
+    loader = data.make_dataloader(rows, tok, batch_size=4)
+    torch.manual_seed(0)
+    model = _no_dropout(models.load_model("embedded"))
+    model.eval()
+    with torch.no_grad():
+        losses = [model(**batch).loss.item() for batch in loader]
+    assert abs(losses[0] - losses[1]) > 1e-3  # the last micro-batch's loss differs from the mean
+    cfg = training.TrainConfig(
+        grad_accum_steps=2, max_steps=1, lr=1e-3, progress=False, eval_every_epoch=False
+    )
+    history = training.train(model, loader, cfg)
+    assert history.losses == [pytest.approx(sum(losses) / 2, rel=1e-5)]

@@ -193,6 +193,7 @@ def train(
     model.train()
     step, watch, tokens, stop = start_step, Stopwatch(backend.device), 0, False
     with local_sgd(backend, model, cfg.local_sgd_steps, start_step) as averager:  # [local_sgd]
+        window_loss = 0.0  # what history records per step: the mean loss over the step's window
         for epoch in range(first_epoch, math.ceil(total_steps / per_epoch)):
             set_epoch(train_dataloader, epoch)  # [ddp] else every epoch replays epoch 0's shuffle
             watch.start()
@@ -204,6 +205,7 @@ def train(
                     with backend.autocast():  # [amp]
                         loss = forward(**batch).loss / window  # forward + loss  # [accum] window mean
                     backend.backward(loss)  # backward  # [amp] scaled for fp16
+                window_loss += loss.detach()  # each micro-batch's mean / window: their sum is the mean
                 if not update:  # [accum]
                     continue
                 if cfg.max_grad_norm:
@@ -215,8 +217,8 @@ def train(
                 averager.step()  # [local_sgd] every local_sgd_steps steps: average the parameters
 
                 step += 1
-                # note: .item() is a CPU-GPU sync point; * window: the last micro-batch's loss (not the mean)
-                history.losses.append(loss.item() * window)
+                history.losses.append(float(window_loss))  # note: a CPU-GPU sync point
+                window_loss = 0.0
                 history.step_times.append(watch.lap())
                 history.step_tokens.append(tokens)
                 tokens = 0
