@@ -11,13 +11,18 @@ against measurements on the embedded model; on a GPU the attention kernel is tak
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+from types import SimpleNamespace
 
 from course_lib import memory_model as mm
+from course_lib.models import EMBEDDED_MODEL_DIR
 
 GIB = 2**30
 MODELS: dict[str, mm.Arch] = {
-    "embedded (tiny DistilBERT)": mm.Arch(1200, 128, 512, 3, 4, 128),  # assets/tiny-distilbert/config.json
+    "embedded (tiny DistilBERT)": mm.Arch.from_config(
+        SimpleNamespace(**json.loads((EMBEDDED_MODEL_DIR / "config.json").read_text(encoding="utf-8")))
+    ),
     "DistilBERT-base": mm.Arch(30522, 768, 3072, 6, 12, 512),
     "7B-sized (DistilBERT-shaped)": mm.Arch(32000, 4096, 16384, 32, 32, 4096),
 }
@@ -38,10 +43,7 @@ def estimate(arch: mm.Arch, setup: mm.Setup, stage: str = "ddp", devices: int = 
     activations = sum(r["bytes"] for r in mm.saved_tensors(arch, setup) if not r["alias"])
     # 0 when the peak is the end of forward
     temporaries = max(0, parts["step peak"] - parts["gradients"] - activations)
-    block = 4 * (
-        # fp32 q/k/v/out with biases, lin1 + lin2, lin1's bias, lin2's bias and two LayerNorms (5 d)
-        4 * arch.dim * (arch.dim + 1) + 2 * arch.dim * arch.hidden_dim + arch.hidden_dim + 5 * arch.dim
-    )
+    block = 4 * arch.block_numel()  # one transformer block's fp32 parameters (or gradients)
     if stage in ("zero2", "zero3") and devices > 1:
         temporaries += block  # one block's full gradients before they are reduce-scattered
     if stage == "zero3" and devices > 1:

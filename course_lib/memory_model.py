@@ -86,6 +86,11 @@ class Arch:
         """Number of parameters (elements)."""
         return sum(math.prod(s) for s in self.param_shapes())
 
+    def block_numel(self) -> int:
+        """Elements of one transformer block's parameters (what ZeRO-2/3 hold in full for one block)."""
+        d, f = self.dim, self.hidden_dim
+        return 4 * (d * d + d) + 2 * d + (f * d + f) + (d * f + d) + 2 * d  # q/k/v/out, LN, lin1, lin2, LN
+
     def matmul_weight_numel(self) -> int:
         """Elements of the weights that go into matrix products (autocast keeps a 16-bit copy of each)."""
         d, f = self.dim, self.hidden_dim
@@ -248,7 +253,7 @@ def backward_peak(arch: Arch, setup: Setup) -> int:
     )
     block //= L  # every block saves the same: one block's share
     embeddings = sum(r["bytes"] for r in full if r["where"] == "embeddings" and not r["alias"])
-    block_grads = 4 * (4 * (d * d + d) + 4 * d + 2 * d * f + f + d)
+    block_grads = 4 * arch.block_numel()  # fp32
     return max(
         embeddings
         + (i + 1) * 4 * t * d  # the checkpointed fp32 inputs of blocks 0..i, still held

@@ -66,6 +66,16 @@ def test_parameter_count_equals_the_model():
     assert [tuple(p.shape) for p in model.parameters()] == arch.param_shapes()
 
 
+def test_one_blocks_parameter_count_equals_the_models_block_and_the_estimator_reads_the_checkpoint():
+    from course_lib import estimator
+
+    model = load_model("embedded")
+    arch = mm.Arch.from_config(model.config)
+    block = model.distilbert.transformer.layer[0]
+    assert arch.block_numel() == sum(p.numel() for p in block.parameters())
+    assert estimator.MODELS["embedded (tiny DistilBERT)"] == arch  # read from config.json, not typed in
+
+
 def test_saved_bytes_scale_with_the_architecture():
     arch = mm.Arch(vocab_size=1000, dim=64, hidden_dim=256, n_layers=2, n_heads=4)
     one = mm.predict(arch, mm.Setup(2, 16))["saved for backward"]
