@@ -61,7 +61,9 @@ def test_corrupt_checkpoint_config_is_reported(tmp_path):
 def test_corrupt_weights_are_reported(tmp_path):
     shutil.copytree(models.EMBEDDED_MODEL_DIR, tmp_path / "ckpt")
     (tmp_path / "ckpt" / "model.safetensors").write_bytes(b"garbage")
-    with pytest.raises(OSError, match=r"(?s)Could not load model .*ckpt.*header.*python -m course_tools.build_assets"):
+    with pytest.raises(
+        OSError, match=r"(?s)Could not load model .*ckpt.*header.*python -m course_tools.build_assets"
+    ):
         models.load_model(str(tmp_path / "ckpt"))
 
 
