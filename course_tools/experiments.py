@@ -9,7 +9,6 @@ course_tools.sections render pretrained`` puts README's block between ``<!-- pre
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -24,6 +23,7 @@ from course_lib.demos.pretraining import (
     masked_lm_table,
     pretrained_vs_scratch,
 )
+from course_tools import sections
 
 PRETRAINED_RECORD = Path("docs/results/pretrained.json")
 PRETRAINED_ABOUT = (
@@ -111,8 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     record = make_record(mlm, result)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    sections.write_record(args.json, record)
     print(render_report(record))
     print(f"record: {args.json}; README block: python -m course_tools.sections render pretrained")
     return 0

@@ -31,6 +31,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from course_lib.benchmark.report import save_record
+
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
 
 
@@ -179,11 +181,8 @@ def load_record(path: str | Path, measure: str) -> dict:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
-def write_record(path: str | Path, record: dict) -> None:
-    """Write a record as indented JSON (UTF-8, non-ASCII kept readable), creating its folder."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+# One writer of records: the learner's commands write theirs with it too (--json).
+write_record = save_record
 
 
 # ----------------------------------------------------------------------------------------------
