@@ -149,12 +149,13 @@ def _drop_ignored_stderr(cell) -> None:
     ]
 
 
-def execute_copy(path: Path, timeout: int = CELL_TIMEOUT, env: dict[str, str] | None = None):
+def execute_copy(path: Path, timeout: int = CELL_TIMEOUT, env: dict[str, str] | None = None, km=None):
     """Run a copy of ``path`` in a temporary folder (a fresh kernel); return the executed notebook.
 
     The kernel gets this process's environment with ``NBGRADER_EXECUTION`` set, as nbgrader does, and
     ``env`` on top (e.g. ``{"OMP_NUM_THREADS": "1"}`` when several notebooks run at once). This
-    process's own environment is left alone, so several copies may run at once from threads.
+    process's own environment is left alone, so several copies may run at once from threads. ``km``: a
+    jupyter_client KernelManager to start the kernel with (default: the notebook's kernelspec).
     """
     import nbformat
     from jupyter_client.kernelspec import NoSuchKernel
@@ -179,13 +180,15 @@ def execute_copy(path: Path, timeout: int = CELL_TIMEOUT, env: dict[str, str] | 
             error_on_timeout=TIMEOUT_ERROR,
             on_cell_executed=record_timeout,
             resources={"metadata": {"path": tmp}},
+            **({"km": km} if km is not None else {}),
         )
         # NBGRADER_EXECUTION: what nbgrader sets when it runs a notebook.
         kernel_env = {**os.environ, "NBGRADER_EXECUTION": "validate", **(env or {})}
         kernel_log = Path(tmp) / "kernel.log"  # the kernel's own start-up chatter, shown only if it dies
         try:
             with kernel_log.open("w") as log:
-                client.execute(stderr=log, env=kernel_env)
+                # cleanup_kc: shut the kernel down also when the caller handed in its manager (km)
+                client.execute(stderr=log, env=kernel_env, cleanup_kc=True)
         except NoSuchKernel as err:
             raise RuntimeError(
                 f"No Jupyter kernel named {kernel!r} here ({err}). Run the check inside the course's "
@@ -198,17 +201,17 @@ def execute_copy(path: Path, timeout: int = CELL_TIMEOUT, env: dict[str, str] | 
 
 
 def check_notebook(
-    path: str | Path, timeout: int = CELL_TIMEOUT, env: dict[str, str] | None = None
+    path: str | Path, timeout: int = CELL_TIMEOUT, env: dict[str, str] | None = None, km=None
 ) -> CheckReport:
-    """Run ``path`` in a temporary copy and score its test cells as the autograder does (``env``: see
-    ``execute_copy``)."""
+    """Run ``path`` in a temporary copy and score its test cells as the autograder does (``env`` and
+    ``km``: see ``execute_copy``)."""
     from nbgrader.utils import determine_grade
 
     path = Path(path)
     original = load_exercise(path)
     report = CheckReport(notebook=path, modified_cells=modified_locked_cells(original))
     start = time.perf_counter()
-    nb = execute_copy(path, timeout, env)
+    nb = execute_copy(path, timeout, env, km)
     report.seconds = time.perf_counter() - start
     for cell in nb.cells:
         meta = _nbgrader_meta(cell)
