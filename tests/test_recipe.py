@@ -426,12 +426,18 @@ def test_kernel_and_padding_rungs_compute_the_same_losses_within_rounding():
 # One --quick run through the command (slow tier)
 
 
+# The reference and two rungs: one that keeps the function (it inherits the examples to target) and
+# one that changes the optimisation (its own accuracy runs). Lesson 07 runs every rung but compile
+# through the same ``recipe.run_ladder`` in every `make test` (nbval); here the command's wiring counts.
+QUICK_RUNGS = ("slides", "dynamic_padding", "large_batch")
+
+
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory):
-    """``--quick --json --markdown --plot`` once; the files it wrote."""
+    """``--quick --rungs ... --json --markdown --plot`` once; the files it wrote."""
     out = tmp_path_factory.mktemp("recipe")
     argv = ["--quick", "--json", str(out / "docs/results/recipe.json"), "--markdown", str(out / "recipe.md")]
-    argv += ["--plot", str(out / "recipe.png")]
+    argv += ["--plot", str(out / "recipe.png"), "--rungs", ",".join(QUICK_RUNGS)]
     assert recipe_cli.main(argv) == 0
     record = json.loads((out / "docs/results/recipe.json").read_text(encoding="utf-8"))
     return {"dir": out, "record": record}
@@ -453,6 +459,11 @@ def test_quick_ladder_record_has_a_row_per_rung_with_its_schema(quick):
             )
     statuses = {r["name"]: r["status"] for r in record["rows"]}
     assert statuses["slides"] == "reference" and statuses["compile"] == "not run"
+    ran = {name for name, status in statuses.items() if status in recipe.RAN}
+    assert ran == set(QUICK_RUNGS), statuses  # --rungs: those, the others "not run"
+    assert {r["name"]: r for r in record["rows"]}["dynamic_padding"]["examples_to_target"] == (
+        record["rows"][0]["examples_to_target"]
+    )  # the same function: the reference's examples to target
     assert (quick["dir"] / "recipe.png").stat().st_size > 0
 
 
