@@ -17,6 +17,10 @@ from course_lib.cli import train as command
 # Without CUDA the command finds the CPU by itself (the point of the test); with GPUs, stay on the CPU.
 CPU = ["--cpu"] if torch.cuda.is_available() else []
 TINY = [*CPU, "--train-rows", "32", "--eval-rows", "16", "--batch-size", "4", "--no-progress"]
+# The two-process DDP run of the session (tests/conftest.py's ``ddp_run``): accumulation and clipping on,
+# so that test_train_fsdp's FSDP run has the clipped global norm and the accumulation window to match.
+DDP_STEPS = ["--max-steps", "4", "--save-every", "2", "--keep-checkpoints", "2", "--grad-accum-steps", "2"]
+DDP_STEPS += ["--max-grad-norm", "0.1"]
 
 
 def _run(args: list[str], cwd: Path, processes: int = 1) -> subprocess.CompletedProcess:
@@ -110,34 +114,34 @@ def test_one_process_checkpoints_is_killed_and_resumes_bit_exactly_with_8bit_ada
 
 
 @pytest.mark.slow  # launches the command (several seconds each)
-def test_torchrun_two_processes_resume_from_a_checkpoint_and_compress_gradients(tmp_path):
-    """Two processes under torchrun (gloo): the run, a second run resumed from the first one's
-    step-2 checkpoint (to the same final parameters: data order and dropout RNG restored), and the
-    run with fp16 gradients on the wire. (The stop flag's exit and left-behind checkpoint: above.)"""
-    full, resumed, hooked = tmp_path / "full", tmp_path / "resumed", tmp_path / "fp16-hook"
-    steps = ["--max-steps", "6", "--save-every", "2", "--keep-checkpoints", "3"]
-
-    proc = _run([*steps, "--output-dir", str(full)], tmp_path, processes=2)
-    _ok(proc)
+def test_torchrun_two_processes_resume_from_a_checkpoint_and_compress_gradients(ddp_run, tmp_path):
+    """Two processes under torchrun (gloo), with accumulation and clipping (the session's ``ddp_run``,
+    which test_train_fsdp compares FSDP with): a second run resumed from its step-2 checkpoint (to the
+    same final parameters: data order and dropout RNG restored), and the run with fp16 gradients on
+    the wire. (The stop flag's exit and left-behind checkpoint: above.)"""
+    proc, full = ddp_run
+    resumed, hooked = tmp_path / "resumed", tmp_path / "fp16-hook"
     metrics = _metrics(full)
-    assert metrics["processes"] == 2 and metrics["backend"] == "gloo" and metrics["global_batch"] == 8
-    assert metrics["distributed_type"] == "MULTI_CPU" and metrics["steps_run"] == 6
+    assert metrics["processes"] == 2 and metrics["backend"] == "gloo" and metrics["global_batch"] == 16
+    assert metrics["distributed_type"] == "MULTI_CPU" and metrics["steps_run"] == 4
     assert len(metrics["tokens_per_s"]) == 2
     assert metrics["total_tokens_per_s"] == pytest.approx(sum(metrics["tokens_per_s"]))
     assert proc.stdout.count("course_lib.cli.train:") == 1  # logged by the main process only
     assert "rank 1:" in proc.stdout  # ... which reports every process's throughput
-    assert _checkpoints(full) == ["checkpoint-000002", "checkpoint-000004", "checkpoint-000006"]
+    assert _checkpoints(full) == ["checkpoint-000002", "checkpoint-000004"]
     assert json.loads((full / "checkpoint-000002" / "state.json").read_text())["world_size"] == 2
 
     checkpoint = full / "checkpoint-000002"
-    proc = _run([*steps, "--output-dir", str(resumed), "--resume", str(checkpoint)], tmp_path, processes=2)
-    _assert_resumed(proc, resumed, metrics, checkpoint, start=2, steps=6)
+    proc = _run(
+        [*DDP_STEPS, "--output-dir", str(resumed), "--resume", str(checkpoint)], tmp_path, processes=2
+    )
+    _assert_resumed(proc, resumed, metrics, checkpoint, start=2, steps=4)
     assert "note:" not in proc.stdout  # same world size: the RNG states were restored, rank by rank
     # dropout is on: equal final parameters need the restored RNG states too
     _assert_same_params(_final_params(full), _final_params(resumed), rtol=1e-6, atol=1e-7)
 
     # The same run with 16-bit gradients on the wire: half the bytes, nearly the same training.
-    proc = _run([*steps, "--output-dir", str(hooked), "--comm-hook", "fp16"], tmp_path, processes=2)
+    proc = _run([*DDP_STEPS, "--output-dir", str(hooked), "--comm-hook", "fp16"], tmp_path, processes=2)
     _ok(proc)
     compressed = _metrics(hooked)
     assert compressed["config"]["comm_hook"] == "fp16"

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from safetensors.torch import load_file
-from test_train_cli import _assert_resumed, _assert_same_params, _final_params, _metrics, _ok, _run
+from test_train_cli import DDP_STEPS, _assert_resumed, _assert_same_params, _final_params, _metrics, _ok, _run
 
 from course_lib import checkpoints, models
 from course_lib.training import TrainConfig, fsdp
@@ -20,8 +20,9 @@ from course_lib.training.ddp import sync_gradients
 # absolute is 1/50 of the smallest AdamW update of this run (lr 5e-4 x warm-up 1/2 x |update| ~ 1e-4),
 # and the test checks that the steps moved the parameters by far more than that.
 TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
-STEPS = ["--max-steps", "4", "--save-every", "2", "--keep-checkpoints", "2", "--grad-accum-steps", "2"]
-STEPS += ["--max-grad-norm", "0.1"]  # clipping active: the clipped update needs the global gradient norm
+STEPS = (
+    DDP_STEPS  # the session's DDP run (ddp_run); clipping active: the clipped update needs the global norm
+)
 
 
 class _One:
@@ -30,13 +31,12 @@ class _One:
     process_index, num_processes, scaler = 0, 1, None
 
 
-@pytest.mark.slow  # three launches of two processes (about 10 s each)
-def test_fsdp_on_two_gloo_processes_shards_matches_ddp_and_resumes(tmp_path):
+@pytest.mark.slow  # two launches of two processes (about 10 s each), and the session's DDP run
+def test_fsdp_on_two_gloo_processes_shards_matches_ddp_and_resumes(ddp_run, tmp_path):
     """Each rank holds half the parameters; the gradient norms (clipping) and final parameters equal
     DDP's within TOLERANCE, with accumulation; a run resumed from the FSDP run's step-2 checkpoint
     (full state dicts) ends on the FSDP run's parameters."""
-    ddp, sharded, resumed = tmp_path / "ddp", tmp_path / "fsdp", tmp_path / "resumed"
-    _ok(_run([*STEPS, "--output-dir", str(ddp)], tmp_path, processes=2))
+    (_, ddp), sharded, resumed = ddp_run, tmp_path / "fsdp", tmp_path / "resumed"
     proc = _run([*STEPS, "--fsdp", "--output-dir", str(sharded)], tmp_path, processes=2)
     _ok(proc)
     m_ddp, m_fsdp = _metrics(ddp), _metrics(sharded)
