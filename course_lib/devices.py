@@ -42,12 +42,13 @@ def get_device(name: str | torch.device | None = None) -> torch.device:
 
 
 @lru_cache(maxsize=1)  # read /proc/cpuinfo once per process
-def cpu_flags() -> frozenset[str]:
+def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
     """CPU feature flags from ``/proc/cpuinfo`` (empty where that file does not exist)."""
     try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
+        with open(cpuinfo, encoding="utf-8") as f:
             for line in f:
-                if line.startswith("flags"):
+                # x86 lists them as "flags", ARM (Graviton, Ampere, a Raspberry Pi) as "Features"
+                if line.startswith(("flags", "Features")):
                     return frozenset(line.split(":", 1)[1].split())
     except OSError:
         pass
@@ -135,9 +136,10 @@ def to_device(batch: Any, device: torch.device | str) -> Any:
         return batch.to(device, non_blocking=True)  # asynchronous only from pinned memory, else a plain copy
     if isinstance(batch, Mapping):
         return {k: to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return type(batch)(*(to_device(v, device) for v in batch))  # a namedtuple takes its fields one by one
     if isinstance(batch, (list, tuple)):
-        # a tuple stays a tuple (a namedtuple would not take a generator)
-        return type(batch)(to_device(v, device) for v in batch)
+        return type(batch)(to_device(v, device) for v in batch)  # a list stays a list, a tuple a tuple
     return batch
 
 

@@ -234,7 +234,7 @@ def precision_label(precision: str) -> str:
 def cpu_has_fast_bf16() -> bool:
     """True when the CPU has native bf16 instructions (AVX512-BF16 or AMX), or is Apple/ARM bf16."""
     flags = cpu_flags()
-    # "bf16": ARM's name, but ARM's /proc/cpuinfo lists it under "Features", which cpu_flags does not read
+    # "bf16": ARM's name for its BF16 instructions (the "Features" line of /proc/cpuinfo)
     return bool({"avx512_bf16", "amx_bf16"} & flags) or "bf16" in flags
 
 

@@ -138,3 +138,47 @@ def test_to_device_moves_nested_batches(monkeypatch):
     assert moved_to == ["cpu", "cpu", "cpu"]  # every tensor, however deep, and nothing else
     assert moved["x"].device.type == "cpu" and moved["y"][1] == 3 and moved["z"] == "text"
     assert isinstance(moved["y"], list) and isinstance(moved["t"], tuple)
+
+
+def test_to_device_keeps_a_namedtuple_a_namedtuple():
+    from collections import namedtuple
+
+    Pair = namedtuple("Pair", "inputs labels")
+    moved = devices.to_device({"pair": Pair(torch.ones(2), torch.zeros(2))}, "cpu")["pair"]
+    assert type(moved) is Pair and torch.equal(moved.labels, torch.zeros(2))
+
+
+# /proc/cpuinfo excerpts: an x86 machine (flags) and an ARM one (Features), as the kernel writes them
+X86_CPUINFO = "processor\t: 0\nmodel name\t: Intel(R) Xeon(R)\nflags\t\t: fpu sse2 avx512f amx_bf16\nbugs\t\t: spectre_v1\n"
+ARM_CPUINFO = (
+    "processor\t: 0\nBogoMIPS\t: 2000.00\nFeatures\t: fp asimd evtstrm bf16 i8mm\nCPU part\t: 0xd40\n"
+)
+
+
+@pytest.mark.parametrize(
+    "cpuinfo, present, absent",
+    [
+        (X86_CPUINFO, {"amx_bf16", "avx512f"}, {"spectre_v1", "bf16"}),
+        (ARM_CPUINFO, {"bf16", "asimd"}, {"0xd40"}),
+    ],
+    ids=["x86", "arm"],
+)
+def test_cpu_flags_reads_x86_flags_and_arm_features(tmp_path, cpuinfo, present, absent):
+    path = tmp_path / "cpuinfo"
+    path.write_text(cpuinfo)
+    flags = devices.cpu_flags(str(path))
+    assert present <= flags and not absent & flags
+    assert devices.cpu_flags(str(tmp_path / "missing")) == frozenset()
+
+
+def test_an_arm_cpu_with_bf16_counts_as_having_bf16_instructions(tmp_path, monkeypatch):
+    import course_lib.mixed_precision as mp
+
+    for name, cpuinfo, expected in [
+        ("bf16", ARM_CPUINFO, True),
+        ("no-bf16", ARM_CPUINFO.replace(" bf16", ""), False),
+    ]:
+        path = tmp_path / name  # one file per content: cpu_flags caches by path
+        path.write_text(cpuinfo)
+        monkeypatch.setattr(mp, "cpu_flags", lambda path=path: devices.cpu_flags(str(path)))
+        assert mp.cpu_has_fast_bf16() is expected, name
