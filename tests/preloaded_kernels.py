@@ -1,4 +1,4 @@
-"""Jupyter kernels forked from one process that has already imported torch and transformers.
+"""Jupyter kernels forked from one process that has already imported torch.
 
 The fixture matrix of tests/test_grading.py runs about 40 notebooks, each in a fresh kernel; a fresh
 kernel spends about 5 CPU-seconds importing torch, transformers' Trainer, datasets and accelerate
@@ -8,7 +8,7 @@ each notebook still gets a process of its own (its own globals, its own torch st
 imported modules are shared, copy-on-write.
 
     server = PreloadServer(folder, env={"OMP_NUM_THREADS": "1"})   # imports once (a few seconds)
-    km = server.kernel_manager()                                   # a jupyter_client KernelManager
+    km = server.kernel_manager()                                   # a jupyter_client AsyncKernelManager
     NotebookClient(nb, km=km).execute(env={**os.environ, **server.kernel_env})  # a fork of the server
     server.close()
 
@@ -35,7 +35,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 # What every assignment's kernel imports first, and that is the same whether or not it is imported
@@ -193,7 +192,8 @@ def launch(connection_file: str) -> int:
     signal.signal(signal.SIGINT, lambda *_: os.kill(started["pid"], signal.SIGINT))
     signal.signal(signal.SIGTERM, lambda *_: os._exit(1))
     ended = _receive(conn)
-    Path(log).unlink(missing_ok=True) if ended and ended["exit"] == 0 else None
+    if ended and ended["exit"] == 0:
+        Path(log).unlink(missing_ok=True)  # kept only when the kernel failed
     return ended["exit"] if ended else 1
 
 
@@ -224,11 +224,14 @@ class PreloadServer:
             stderr=subprocess.STDOUT,
             text=True,
         )
-        deadline = time.monotonic() + timeout
-        line = self.process.stdout.readline()  # "ready" once PRELOAD is imported
-        if line.strip() != "ready" or time.monotonic() > deadline:
-            rest = self.process.stdout.read() if self.process.poll() is not None else ""
-            raise RuntimeError(f"the preloaded-kernel server did not start: {line}{rest}")
+        # "ready" once PRELOAD is imported; an import that hangs fails here instead of the whole run
+        started, _, _ = select.select([self.process.stdout], [], [], timeout)
+        line = self.process.stdout.readline() if started else ""
+        if line.strip() != "ready":
+            if self.process.poll() is None:
+                self.process.kill()
+            rest = self.process.stdout.read()
+            raise RuntimeError(f"the preloaded-kernel server did not start within {timeout} s: {line}{rest}")
 
     @property
     def kernel_env(self) -> dict[str, str]:
@@ -236,12 +239,15 @@ class PreloadServer:
         return {"COURSE_PRELOAD_SOCKET": self.socket}
 
     def kernel_manager(self):
-        """An AsyncKernelManager (nbclient awaits it: a blocking one hangs its interrupt) whose kernels are forks of the server (env: set COURSE_PRELOAD_SOCKET)."""
+        """A kernel manager whose kernels are forks of the server (their env needs ``kernel_env``).
+
+        Asynchronous, as the one nbclient makes itself: with a blocking KernelManager, nbclient's
+        interrupt at the time limit hangs."""
         from jupyter_client import AsyncKernelManager
         from jupyter_client.kernelspec import KernelSpecManager
 
         ksm = KernelSpecManager(kernel_dirs=self.kernel_dirs, ensure_native_kernel=False)
-        return AsyncKernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=ksm)  # as nbclient makes
+        return AsyncKernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=ksm)
 
     def close(self) -> None:
         if self.process.poll() is None:

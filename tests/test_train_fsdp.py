@@ -20,9 +20,8 @@ from course_lib.training.ddp import sync_gradients
 # absolute is 1/50 of the smallest AdamW update of this run (lr 5e-4 x warm-up 1/2 x |update| ~ 1e-4),
 # and the test checks that the steps moved the parameters by far more than that.
 TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
-STEPS = (
-    DDP_STEPS  # the session's DDP run (ddp_run); clipping active: the clipped update needs the global norm
-)
+# The session's DDP run's flags (ddp_run): clipping is active, so the clipped update needs the global norm.
+STEPS = DDP_STEPS
 
 
 class _One:
