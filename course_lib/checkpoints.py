@@ -169,9 +169,12 @@ def _write_atomically(final: Path, write) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     write(tmp)
-    if final.exists():
-        shutil.rmtree(final)  # os.replace cannot replace a non-empty folder
+    old = final.parent / f".old-{final.name}"
+    if final.exists():  # the same step saved again (a resumed run): keep the old one until the new is in
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)  # os.replace cannot replace a non-empty folder: move it aside first
     os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def save_checkpoint(
@@ -193,6 +196,8 @@ def save_checkpoint(
     from accelerate.utils import gather_object
     from safetensors.torch import save_file, save_model
 
+    if keep < 1:  # [:-0] below would keep every checkpoint
+        raise ValueError(f"keep must be >= 1 (the newest checkpoints kept), got {keep}.")
     rngs = gather_object([rng_state(accelerator.device)])  # collective: every rank calls it
     states = gather_object([_cpu_state(optimizer)]) if per_rank_optimizer else []  # collective
     # FSDP: the full model and optimizer state, gathered on rank 0 (collective; any world size resumes it)
@@ -223,7 +228,7 @@ def save_checkpoint(
             (folder / "state.json").write_text(json.dumps(state, indent=1))
 
         _write_atomically(final, write)
-        for _, old in list_checkpoints(output_dir)[:-keep]:  # keep >= 1 (the CLI checks): [:-0] keeps all
+        for _, old in list_checkpoints(output_dir)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
     accelerator.wait_for_everyone()  # no rank goes on before the main process has written it
     return final

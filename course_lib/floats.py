@@ -227,7 +227,9 @@ def rounding(x: float, fmt: str | torch.dtype) -> Rounding:
         abs_err = abs(stored - x)
         rel_err = abs_err / abs(x) if x else 0.0
     else:
-        abs_err = rel_err = 0.0 if (stored == x) else math.inf  # inf kept: no error; finite -> inf: unbounded
+        # inf kept, nan kept (nan != nan): no error; finite -> inf: unbounded
+        kept = stored == x or (math.isnan(x) and math.isnan(stored))
+        abs_err = rel_err = 0.0 if kept else math.inf
     return Rounding(
         x, info.name, stored, abs_err, rel_err, classify(x, stored, info), float_bits(x, info.dtype)
     )

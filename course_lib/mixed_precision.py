@@ -157,6 +157,16 @@ def advise(device: torch.device | str | None = None) -> PrecisionAdvice:
     return advise_precision(device.type, measure_matmul(device), capability)
 
 
+BF16_GPU_MAJOR = 8  # compute capability from which a GPU computes bf16 natively (Ampere)
+
+
+def gpu_has_native_bf16(device: torch.device | str = "cuda") -> bool:
+    """Whether the GPU ``device`` computes bf16 natively: compute capability 8.0+ (A100, H100, RTX 30xx+)."""
+    # not torch.cuda.is_bf16_supported(): it asks the *current* GPU, and by default says True on 7.x,
+    # which only emulates bf16 (slowly)
+    return torch.cuda.get_device_capability(device)[0] >= BF16_GPU_MAJOR
+
+
 def best_precision(device: torch.device | str | None = None, measure: bool | None = None) -> str:
     """The mixed precision worth using on ``device``; ``"no"`` (fp32) where none pays.
 
@@ -169,9 +179,7 @@ def best_precision(device: torch.device | str | None = None, measure: bool | Non
     device = get_device(device)
     if device.type == "cuda":
         major, _ = torch.cuda.get_device_capability(device)
-        if major >= 8:
-            return "bf16"
-        return "fp16" if major >= 7 else "no"
+        return "bf16" if major >= BF16_GPU_MAJOR else "fp16" if major >= 7 else "no"
     if device.type == "mps":
         return "fp16"
     if not cpu_has_fast_bf16():
@@ -209,10 +217,7 @@ def check_precision(precision: str | None, device: torch.device | str | None = N
             PrecisionWarning,
             stacklevel=2,
         )
-    elif (
-        # the default (including_emulation=True) also says True on pre-Ampere GPUs that emulate bf16
-        p == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported(including_emulation=False)
-    ):
+    elif p == "bf16" and device.type == "cuda" and not gpu_has_native_bf16(device):
         warnings.warn(
             "This GPU has no native bf16 support (needs compute capability 8.0+): use 'fp16'.",
             PrecisionWarning,

@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Mapping
 from typing import Any
 
 
+def display_width(text: str) -> int:
+    """Columns ``text`` takes in a monospaced font: full-width (Japanese) characters take two."""
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+
+
 def align_columns(rows: list[tuple[str, ...]]) -> str:
     """Rows of strings as left-aligned columns separated by two spaces."""
-    # len counts characters, not display columns: full-width (Japanese) text shows wider than it counts
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    # [width] by display columns, not characters: "ゼロ" is 2 characters but 4 columns wide
+    widths = [max(display_width(r[i]) for r in rows) for i in range(len(rows[0]))]
     # rstrip: no trailing blanks (an editor or a diff would strip them, and nbval would then differ)
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+    return "\n".join(
+        "  ".join(c + " " * (w - display_width(c)) for c, w in zip(r, widths)).rstrip() for r in rows
+    )
 
 
 def render_table(rows: list[Mapping[str, Any]], floats: str = ".3g") -> str:

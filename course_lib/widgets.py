@@ -72,11 +72,10 @@ def precision_explorer(value: str = "1e-8", scale: float = 1.0):
         placeholder="1e-8, 65504, 2**-24",
         continuous_update=True,
     )
-    scale_box = w.Dropdown(
-        options=list(SCALES.items()),
-        value=float(scale) if scale in SCALES.values() else 1.0,  # a Dropdown's value must be an option
-        description="scale",
-    )
+    options = list(SCALES.items())
+    if float(scale) not in SCALES.values():  # a Dropdown's value must be one of its options: add it
+        options.append((f"{float(scale):g}", float(scale)))
+    scale_box = w.Dropdown(options=options, value=float(scale), description="scale")
     out = w.HTML()
 
     def render(_change=None) -> None:

@@ -87,6 +87,8 @@ def test_rounding_underflow_overflow_subnormal():
     assert floats.rounding(1e-5, "fp16").status == "subnormal"
     assert floats.rounding(0.0, "fp16").status == "zero"
     assert floats.rounding(float("nan"), "fp16").status == "nan"
+    assert floats.rounding(float("nan"), "bf16").rel_error == 0.0  # nan stays nan: no error (nan != nan)
+    assert floats.rounding(float("inf"), "fp16").rel_error == 0.0
 
 
 def test_rounding_is_round_to_nearest_even():

@@ -132,7 +132,7 @@ def test_bf16_on_a_gpu_without_native_bf16_warns_even_though_torch_would_emulate
     fake.bf16_queries.clear()
     with pytest.warns(mp.PrecisionWarning, match="no native bf16 support.*use 'fp16'"):
         assert mp.check_precision("bf16", "cuda") == "bf16"
-    assert fake.bf16_queries == [False]  # decided by the emulation-excluding answer
+    assert fake.bf16_queries == []  # decided by the capability, not by torch's emulating answer
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert mp.check_precision("fp16", "cuda") == "fp16"  # fp16 on a GPU: no warning
@@ -144,7 +144,21 @@ def test_bf16_on_a_gpu_with_native_bf16_does_not_warn(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert mp.check_precision("bf16", "cuda") == "bf16"
-    assert fake.bf16_queries == [False]
+    assert fake.bf16_queries == []
+
+
+def test_bf16_advice_asks_the_gpu_it_is_about_not_the_current_one(monkeypatch):
+    """cuda:1 is a 7.0 GPU while the current one (cuda:0) is an 8.0: bf16 on cuda:1 warns."""
+    FakeCuda(monkeypatch, capability=(8, 0), count=2)
+    monkeypatch.setattr(
+        torch.cuda,
+        "get_device_capability",
+        lambda device=None: (7, 0) if torch.device(device).index == 1 else (8, 0),
+    )
+    with pytest.warns(mp.PrecisionWarning, match="no native bf16 support"):
+        mp.check_precision("bf16", "cuda:1")
+    assert mp.best_precision("cuda:1") == "fp16" and mp.best_precision("cuda:0") == "bf16"
+    assert bench_config.default_precisions(torch.device("cuda", 1)) == ("no", "fp16")
 
 
 @pytest.mark.parametrize(
@@ -154,7 +168,7 @@ def test_bf16_on_a_gpu_with_native_bf16_does_not_warn(monkeypatch):
 def test_benchmark_measures_bf16_only_on_gpus_with_native_bf16(monkeypatch, capability, expected):
     fake = FakeCuda(monkeypatch, capability)
     assert bench_config.default_precisions(torch.device("cuda")) == expected
-    assert fake.bf16_queries == [False]  # emulated bf16 on 7.x is not measured as if it were native
+    assert fake.bf16_queries == []  # emulated bf16 on 7.x is not measured as if it were native
 
 
 @pytest.mark.parametrize(

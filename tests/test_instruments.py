@@ -7,7 +7,7 @@ import torch
 
 from course_lib.instruments.probe import StepProbe, probe_callback
 from course_lib.instruments.timing import Stopwatch, median, time_fn
-from course_lib.tables import render_table
+from course_lib.tables import align_columns, render_table
 
 
 def test_render_table():
@@ -15,6 +15,12 @@ def test_render_table():
     assert text.splitlines() == ["a   b", "1   0.123", "22  x"]
     with pytest.raises(ValueError, match="non-empty"):
         render_table([])
+
+
+def test_align_columns_aligns_japanese_by_display_width():
+    # "ゼロ" is 2 characters but 4 columns wide: padding by characters would push "next" 2 columns left
+    lines = align_columns([("ゼロ", "next"), ("abcd", "next"), ("ab", "x")]).splitlines()
+    assert lines == ["ゼロ  next", "abcd  next", "ab    x"]
 
 
 def test_step_probe_measures_tensor_memory_of_the_first_step_on_cpu():

@@ -52,6 +52,13 @@ def test_explorer_updates_when_the_learner_types_or_picks_a_scale():
     assert "open the notebook in Jupyter" in repr(explorer)  # what a headless run records
 
 
+def test_explorer_starts_at_the_scale_it_is_given_even_one_not_in_the_list():
+    explorer = widgets.precision_explorer("1e-8", scale=2.0**10)  # not one of SCALES
+    number, scale = explorer.children[0].children
+    assert scale.value == 1024.0 and ("1024", 1024.0) in scale.options  # before: silently 1 (no scaling)
+    assert "x scale 1024" in explorer.children[1].value
+
+
 def test_explorer_without_ipywidgets_prints_the_text(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "ipywidgets", None)  # import ipywidgets -> ImportError
     assert widgets.precision_explorer("1e-8") is None

@@ -10,7 +10,7 @@ import torch
 from course_lib.devices import (
     get_device,
 )
-from course_lib.mixed_precision import best_precision, normalize_precision
+from course_lib.mixed_precision import best_precision, gpu_has_native_bf16, normalize_precision
 
 IMPLEMENTATIONS = ("pytorch", "accelerate", "trainer", "course")
 LABELS = {
@@ -103,11 +103,7 @@ def check_choice(value: str, choices, what: str, flag: str) -> str:
 def default_precisions(device: torch.device) -> tuple[str, ...]:
     """Precisions worth measuring on ``device``: fp32, plus bf16 where native, plus fp16 on GPUs."""
     if device.type == "cuda":
-        return (
-            ("no", "bf16", "fp16")
-            if torch.cuda.is_bf16_supported(including_emulation=False)  # pre-Ampere GPUs only emulate bf16
-            else ("no", "fp16")
-        )
+        return ("no", "bf16", "fp16") if gpu_has_native_bf16(device) else ("no", "fp16")
     if device.type == "mps":
         return ("no", "fp16")
     return ("no", "bf16") if best_precision(device, measure=False) == "bf16" else ("no",)

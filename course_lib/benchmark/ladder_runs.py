@@ -66,6 +66,11 @@ def interval_coverage(n: int, outliers: int = OUTLIERS) -> float:
     return 1 - 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n
 
 
+def seconds_to_target(examples: float, examples_per_s: float, once_s: float = 0.0) -> float:
+    """Time to target: the examples it takes at the rate they are trained, plus one-off seconds (compiling)."""
+    return examples / examples_per_s + once_s
+
+
 def decide(
     prev_eps: list[float],
     trial_eps: list[float],
@@ -122,8 +127,11 @@ def decide(
         }
     before, after = statistics.median(prev_examples), statistics.median(trial_examples)
     out["examples_ratio"] = before / after
-    # time to target = examples / (examples per second) + one-off seconds, one pair per round
-    gains = [(before / pe + prev_once_s) / (after / te + trial_once_s) for pe, te in zip(prev_eps, trial_eps)]
+    # one pair of times to target per round
+    gains = [
+        seconds_to_target(before, pe, prev_once_s) / seconds_to_target(after, te, trial_once_s)
+        for pe, te in zip(prev_eps, trial_eps)
+    ]
     gain = out["gain"] = interval(gains)
     span = f"{gain['median']:.2f}x (interval {gain['low']:.2f}-{gain['high']:.2f}x over {len(gains)} rounds)"
     if gain["median"] >= min_gain and gain["low"] > 1:

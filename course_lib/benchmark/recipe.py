@@ -24,7 +24,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from course_lib.benchmark.ladder_runs import MIN_GAIN, OUTLIERS, spread
+from course_lib.benchmark.ladder_runs import MIN_GAIN, OUTLIERS, seconds_to_target, spread
 from course_lib.benchmark.ladder_runs import run_ladder as ladder_run
 from course_lib.benchmark.report import format_cell
 from course_lib.benchmark.rungs import RUNG_NAMES
@@ -243,7 +243,9 @@ def time_to_target(row: dict[str, Any]) -> float | None:
     # a seed that missed the target: no time to target (as decide drops the rung)
     if not reached or not row.get("examples_per_s") or len(reached) < len(row["examples_to_target"]):
         return None
-    return statistics.median(reached) / statistics.median(row["examples_per_s"]) + row.get("once_s", 0.0)
+    return seconds_to_target(
+        statistics.median(reached), statistics.median(row["examples_per_s"]), row.get("once_s", 0.0)
+    )
 
 
 def markdown_table(record: dict[str, Any]) -> str:

@@ -156,8 +156,9 @@ def markdown_report(
     memory = {
         "cuda_allocator": "the CUDA allocator's peak",
         "rss_subprocess": "the peak RSS of a fresh process",
-        "tensor_peak": "the peak of tensor bytes allocated during 2 training steps: the CUDA allocator's "
-        "counter on a GPU, torch.profiler's allocation records on a CPU",
+        "tensor_peak": f"the peak of tensor bytes allocated during {cfg.memory_steps} training "
+        f"step{'s' * (cfg.memory_steps != 1)}: the "
+        "CUDA allocator's counter on a GPU, torch.profiler's allocation records on a CPU",
     }
     mem_note = (
         "Peak memory: what training added on top of the model's fp32 weights ("
@@ -201,15 +202,6 @@ def save_record(path: str | Path, record: dict[str, Any]) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-
-
-def write_json(
-    rows: Sequence[dict[str, Any]], path: str | Path, cfg: BenchConfig, seconds: float | None = None
-) -> dict[str, Any]:
-    """Write the run's record (``make_record``: a JSON object with the rows) to ``path``; return it."""
-    record = make_record(rows, cfg, seconds)
-    save_record(path, record)
-    return record
 
 
 def record_config(record: dict[str, Any]) -> BenchConfig:
