@@ -2,8 +2,7 @@
 
 Every fact here is read from torch (``torch.finfo``, bit patterns of real tensors), never typed in:
 
-* ``format_info`` / ``format_table``: sign / exponent / mantissa bits, max, smallest normal, smallest
-  subnormal and eps of fp32, fp16 and bf16.
+* ``format_info`` / ``format_table``: bits, max, smallest normal and subnormal, eps of each format.
 * ``float_bits`` / ``rounding`` / ``describe_number``: how one number is stored in each format, what it
   rounds to, and whether it underflows (becomes 0) or overflows (becomes inf).
 * ``fp32_gradients`` / ``underflow_stats`` / ``grad_log2_hist`` / ``plot_grad_hist``: which share of a
@@ -227,9 +226,8 @@ def rounding(x: float, fmt: str | torch.dtype) -> Rounding:
         abs_err = abs(stored - x)
         rel_err = abs_err / abs(x) if x else 0.0
     else:
-        # inf kept, nan kept (nan != nan): no error; finite -> inf: unbounded
-        kept = stored == x or (math.isnan(x) and math.isnan(stored))
-        abs_err = rel_err = 0.0 if kept else math.inf
+        kept = stored == x or (math.isnan(x) and math.isnan(stored))  # inf or nan kept (nan != nan)
+        abs_err = rel_err = 0.0 if kept else math.inf  # kept: no error; finite -> inf: unbounded
     return Rounding(
         x, info.name, stored, abs_err, rel_err, classify(x, stored, info), float_bits(x, info.dtype)
     )

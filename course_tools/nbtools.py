@@ -70,6 +70,19 @@ def source_hash(nb: nbformat.NotebookNode) -> str:
     return h.hexdigest()[:16]
 
 
+def coalesce_streams(outputs: list) -> list:
+    """Consecutive stdout (or stderr) outputs as one: how a print shows, however the kernel split it."""
+    merged: list = []
+    for out in outputs:
+        last = merged[-1] if merged else None
+        if out.get("output_type") == "stream" and last and last.get("output_type") == "stream":
+            if last.get("name") == out.get("name"):
+                last["text"] = "".join(last["text"]) + "".join(out["text"])  # timing split it: one text
+                continue
+        merged.append(out)
+    return merged
+
+
 def clean(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     """Drop metadata that editors add (widget state, timings, collapsed flags), keep the rest."""
     nb.metadata = {k: v for k, v in nb.metadata.items() if k in KEEP_NOTEBOOK_METADATA}
@@ -79,7 +92,8 @@ def clean(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     for cell in nb.cells:
         cell.metadata = {k: v for k, v in cell.metadata.items() if k in KEEP_CELL_METADATA}
         if cell.cell_type == "code":
-            for out in cell.get("outputs", []):
+            cell.outputs = coalesce_streams(cell.get("outputs", []))
+            for out in cell.outputs:
                 out.get("metadata", {}).pop("execution", None)
                 # Widget views (progress bars, explorers) need the live kernel; their text fallback
                 # would show a bar frozen at 0 %, so a note replaces it.

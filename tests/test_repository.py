@@ -72,6 +72,18 @@ def test_clean_strips_editor_metadata():
     assert cell.metadata == {"tags": ["keep"]}
 
 
+def test_clean_joins_a_print_the_kernel_sent_in_two_messages():
+    cell = nbformat.v4.new_code_cell("print('a:', True)")
+    stream = nbformat.v4.new_output
+    cell.outputs = [
+        stream("stream", name="stdout", text="a:"),
+        stream("stream", name="stdout", text=" True\n"),
+    ]
+    cell.outputs.append(stream("stream", name="stderr", text="warn\n"))
+    nbtools.clean(nbformat.v4.new_notebook(cells=[cell]))
+    assert [(o.name, o.text) for o in cell.outputs] == [("stdout", "a: True\n"), ("stderr", "warn\n")]
+
+
 def test_stale_reason_detects_edited_code():
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1", execution_count=1)])
     assert "never executed" in nbtools.stale_reason(nb)
