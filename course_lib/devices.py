@@ -41,6 +41,21 @@ def get_device(name: str | torch.device | None = None) -> torch.device:
     return torch.device(name)
 
 
+# The feature flags the course reports (Linux /proc/cpuinfo names; other systems report none):
+# x86 "flags" and ARM "Features" (bf16: BF16 matmul instructions; asimdhp: FP16 arithmetic, shown only).
+CPU_FEATURES = (
+    "avx2",
+    "avx512f",
+    "avx512_bf16",
+    "avx512_fp16",
+    "amx_bf16",
+    "amx_fp16",
+    "amx_tile",
+    "bf16",
+    "asimdhp",
+)
+
+
 @lru_cache(maxsize=1)  # read /proc/cpuinfo once per process
 def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
     """CPU feature flags from ``/proc/cpuinfo`` (empty where that file does not exist)."""
@@ -82,11 +97,7 @@ def describe_machine() -> dict[str, Any]:
         "cpu": cpu_name(),
         "cpu_cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
-        "cpu_features": sorted(
-            f
-            for f in ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16", "amx_tile")
-            if f in flags
-        ),
+        "cpu_features": sorted(f for f in CPU_FEATURES if f in flags),
         "cuda_available": torch.cuda.is_available(),
         "mps_available": torch.backends.mps.is_available(),
         "gpus": [],

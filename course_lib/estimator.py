@@ -37,6 +37,8 @@ def estimate(arch: mm.Arch, setup: mm.Setup, stage: str = "ddp", devices: int = 
     are each device's own micro-batch (what autograd saves, parameters excluded); the temporaries are
     what the step's peak adds on top of the gradients and the activations, plus, when sharded, one
     transformer block's full gradients (ZeRO-2/3) and two blocks' gathered parameters (ZeRO-3).
+    DDP and ZeRO-1 are taken with gradient buckets that are the gradients themselves (PyTorch DDP's
+    ``gradient_as_bucket_view=True``); DDP's default adds one more gradient copy per device.
     """
     parts = mm.predict(arch, setup)
     rank = mm.per_rank(parts, stage, devices)

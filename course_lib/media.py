@@ -2,20 +2,16 @@
 
 * ``load_shapes``: small RGB pictures of four shapes (circle, square, triangle, cross) at varied
   image sizes, positions, sizes and colours, in a ``datasets`` ``Image`` column, as on the hub.
-* ``load_keywords``: short keyword-like clips (four voiced tone patterns: a steady low, middle or high
-  tone, or a glide from low to high, with harmonics) with noise, at varied sampling rates
-  (8,000-44,100 Hz) and durations (0.4-1.6 s), so that resampling to 16 kHz and padding/truncating
-  to 1 s matter. The waveform is a
-  plain float list beside a ``sampling_rate`` column: ``datasets``' ``Audio`` feature needs
-  torchcodec to encode, and torchcodec is not one of the course's dependencies.
+* ``load_keywords``: short keyword-like clips (a steady low, middle or high tone, or a glide, with
+  harmonics and noise) at 8,000-44,100 Hz and 0.4-1.6 s, so that resampling to 16 kHz and
+  padding/truncating to 1 s matter. The waveform is a plain float list beside a ``sampling_rate``
+  column: ``datasets``' ``Audio`` feature needs torchcodec, not one of the course's dependencies.
 
-Both are generated from ``seed``: the same seed gives the same data on every machine.
-``COURSE_IMAGE_DATASET`` / ``COURSE_AUDIO_DATASET=hub`` (``config.media_sources``) load real hub
-datasets instead (internet needed), converted to the same columns.
+Both are generated from ``seed`` (the same data on every machine). ``COURSE_IMAGE_DATASET`` /
+``COURSE_AUDIO_DATASET=hub`` (``config.media_sources``) load hub datasets instead, as the same columns.
 
-The models (``assets/tiny-vit``, ``assets/tiny-wav2vec2``) are a small ``ViTForImageClassification``
-and ``Wav2Vec2ForSequenceClassification`` with random weights, built by
-``python -m course_tools.build_media_assets``; their processors load with
+The models (``assets/tiny-vit``, ``assets/tiny-wav2vec2``: a small ViT and wav2vec2 classifier, random
+weights) are built by ``python -m course_tools.build_media_assets``; their processors load with
 ``AutoImageProcessor`` / ``AutoFeatureExtractor.from_pretrained``.
 """
 
@@ -260,6 +256,12 @@ def _smooth_at_least(n: int) -> int:
         if r == 1:
             return n
         n += 1
+
+
+def first_to_resample(rates, model_rate: int = MODEL_RATE) -> int | None:
+    """Index of the first clip not at ``model_rate``; None if all are (speech_commands: all 16 kHz)."""
+    others = np.flatnonzero(np.asarray(rates) != model_rate)
+    return int(others[0]) if others.size else None
 
 
 def prepare_audio(batch, feature_extractor, max_seconds: float = MAX_SECONDS) -> dict:

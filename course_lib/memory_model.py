@@ -302,6 +302,9 @@ def per_rank(parts: dict[str, int], stage: str, world_size: int) -> dict[str, fl
 
     DDP replicates all three; ZeRO-1 shards the optimizer state, ZeRO-2 also the gradients, ZeRO-3 /
     FSDP also the weights (Rajbhandari et al. 2020). Activations are per rank anyway (its own batch).
+    PyTorch's DDP is taken with ``gradient_as_bucket_view=True`` (the gradients are views into its
+    all-reduce buckets, as ``demos.sharding`` runs it); with DDP's default (``False``) the buckets are
+    one more full copy of the gradients per rank, which this does not count.
     """
     if stage not in STAGES:
         raise ValueError(f"stage must be one of {', '.join(STAGES)}, got {stage!r}.")
@@ -330,7 +333,7 @@ def bytes_per_param(precision_weights: int, grads: int, master: int, state: int)
     return row
 
 
-MIXED_ADAMW = bytes_per_param(2, 2, 4, 8)  # ZeRO's mixed precision: 16-bit weights/grads, fp32 master, Adam
+MIXED_ADAMW = bytes_per_param(2, 2, 4, 8)  # the ZeRO paper's fp16 mixed-precision Adam, fp32 master copy
 AUTOCAST_ADAMW = bytes_per_param(4, 4, 0, 8)  # the course's autocast: fp32 weights and grads, no master copy
 
 

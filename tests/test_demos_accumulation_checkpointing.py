@@ -252,6 +252,16 @@ def test_time_phases_and_the_predicted_ratio(model, batch):
         ac.time_phases({"plain": plain}, batch, repeat=0)
 
 
+def test_accumulation_seconds_times_each_split_and_leaves_no_gradients(model, batch):
+    work = copy.deepcopy(model)
+    splits = {"one batch": [batch], "3 micro-batches": ac.split_batch(batch, [4, 4, 4])}
+    seconds = ac.accumulation_seconds(work, splits, warmup=0, repeat=1)
+    assert set(seconds) == set(splits) and all(t > 0 for t in seconds.values())
+    assert all(p.grad is None for p in work.parameters())  # reset after timing
+    with pytest.raises(ValueError, match="repeat"):
+        ac.accumulation_seconds(work, splits, repeat=0)
+
+
 def test_model_state_bytes_reads_the_tensors(model, batch):
     work = copy.deepcopy(model)
     n = sum(p.numel() for p in work.parameters())

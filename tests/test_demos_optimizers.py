@@ -96,6 +96,36 @@ def test_trainer_optim_names_resolve_to_the_three_optimizers(tmp_path):
     assert row["class"] == "bitsandbytes.optim.adamw.AdamW" and "optim_bits=8" in row["arguments"]
 
 
+def test_trainer_keeps_the_embeddings_state_32bit_with_8bit_adamw(tmp_path):
+    from course_lib.models import load_model
+
+    od.import_bitsandbytes()
+    model = load_model()
+    gen = torch.Generator().manual_seed(0)
+    vocab = model.distilbert.embeddings.word_embeddings.num_embeddings
+    batch = {
+        "input_ids": torch.randint(0, vocab, (2, 8), generator=gen),
+        "attention_mask": torch.ones(2, 8, dtype=torch.long),
+        "labels": torch.tensor([0, 1]),
+    }
+    optimizer = od.trainer_stepped_optimizer(model, batch, "adamw_bnb_8bit", str(tmp_path), 1e-3)
+    word = model.distilbert.embeddings.word_embeddings.weight
+    lin1 = model.distilbert.transformer.layer[0].ffn.lin1.weight
+    assert word.numel() >= od.MIN_8BIT_SIZE  # large enough for 8-bit: 32-bit only by Trainer's override
+    assert optimizer.state[word]["state1"].dtype == torch.float32
+    assert optimizer.state[lin1]["state1"].dtype == torch.uint8
+    share = od.embedding_share(model)
+    assert share["elements"] == sum(p.numel() for p in model.parameters())
+    assert share["in embeddings"] == sum(
+        m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Embedding)
+    )
+    row = od.state_summary("adamw_bnb_8bit", optimizer)
+    assert row["state bytes"] == optimizer_state_bytes(optimizer) and row["state in 8-bit"] != "-"
+    # Trainer's overrides are cleared afterwards: a later 8-bit AdamW quantises its first tensor again
+    later = torch.nn.Linear(128, 64)
+    assert _stepped("adamw8bit", later).state[later.weight]["state1"].dtype == torch.uint8
+
+
 def test_importing_bitsandbytes_is_quiet_on_a_cpu_with_avx512_bf16():
     """On such a CPU bitsandbytes' import looks for an optional kernel and logs a warning: simulated here."""
     script = textwrap.dedent(

@@ -81,6 +81,11 @@ def test_bytes_per_rank_follow_the_stage(results):
                 ("optimizer state", "optimizer state"),
             ):
                 assert rows[name, rank][key] == pytest.approx(predicted[part], rel=0.02), (name, key)
+    # DDP's all-reduce buckets hold the gradients themselves (gradient_as_bucket_view=True): no copy.
+    for res in results:
+        for run in res["runs"]:
+            assert run["bucket_copy"] == 0, run["strategy"]
+            assert run["buckets"] == (parts["gradients"] if run["strategy"] in ("ddp", "zero1") else 0)
     # The shards add up to the whole: nothing is lost or held twice.
     assert (
         rows["zero1", 0]["optimizer state"] + rows["zero1", 1]["optimizer state"] == parts["optimizer state"]
@@ -100,3 +105,13 @@ def test_collectives_counted(results):
     assert comm["fsdp"]["all-reduce calls"] == 0 and comm["fsdp"]["all-gather bytes"] == 2 * weights
     assert comm["fsdp_no_reshard"]["ring bytes/rank"] == comm["ddp"]["ring bytes/rank"]
     assert comm["fsdp"]["ring bytes/rank"] == pytest.approx(1.5 * comm["ddp"]["ring bytes/rank"], abs=2)
+
+
+@pytest.mark.slow
+def test_ddp_default_buckets_copy_the_gradients():
+    """DDP's default (gradient_as_bucket_view=False) keeps one more full copy of the gradients."""
+    demo = sh.ShardDemo(strategies=("ddp",), steps=2, batch_size=4, bucket_view=False)
+    rows = sh.bytes_rows(launch(sh.shard_worker, 2, (demo, sh.rank_batches(demo, 2))))
+    for row in rows:
+        assert row["bucket copy"] == row["grads"] > 0
+        assert row["total"] == row["params"] + 2 * row["grads"] + row["optimizer state"]

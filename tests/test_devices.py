@@ -182,3 +182,23 @@ def test_an_arm_cpu_with_bf16_counts_as_having_bf16_instructions(tmp_path, monke
         path.write_text(cpuinfo)
         monkeypatch.setattr(mp, "cpu_flags", lambda path=path: devices.cpu_flags(str(path)))
         assert mp.cpu_has_fast_bf16() is expected, name
+
+
+@pytest.mark.parametrize(
+    "cpuinfo, listed",
+    [
+        (X86_CPUINFO, ["amx_bf16", "avx512f"]),
+        (ARM_CPUINFO.replace("asimd ", "asimd asimdhp "), ["asimdhp", "bf16"]),
+        (None, []),  # no /proc/cpuinfo (macOS, Windows): no flags are read
+    ],
+    ids=["x86", "arm", "none"],
+)
+def test_describe_machine_lists_the_x86_and_arm_features_the_course_uses(
+    tmp_path, monkeypatch, cpuinfo, listed
+):
+    path = tmp_path / "cpuinfo"
+    if cpuinfo is not None:
+        path.write_text(cpuinfo)
+    read = devices.cpu_flags.__wrapped__  # uncached: every case writes the same path
+    monkeypatch.setattr(devices, "cpu_flags", lambda: read(str(path)))
+    assert devices.describe_machine()["cpu_features"] == listed

@@ -97,6 +97,14 @@ def test_resample_keeps_in_band_tones_and_removes_aliases():
         media.resample(np.ones((2, 5)), 8_000, 16_000)
 
 
+def test_the_clip_to_resample_is_the_first_not_at_the_models_rate():
+    assert media.first_to_resample(np.array([16_000, 16_000, 44_100, 8_000])) == 2
+    assert media.first_to_resample([8_000, 16_000], model_rate=8_000) == 1
+    # a hub dataset such as speech_commands: every clip at 16 kHz, none to resample
+    assert media.first_to_resample(np.full(5, media.MODEL_RATE)) is None
+    assert media.first_to_resample(np.array([], dtype=np.int32)) is None
+
+
 def test_processors_give_the_models_shapes(processors):
     image_processor, feature_extractor = processors
     assert type(image_processor).__name__.startswith("ViTImageProcessor")

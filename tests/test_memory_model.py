@@ -1,8 +1,9 @@
 """The memory model against the course's instruments on the embedded tiny DistilBERT.
 
 Weights, gradients, optimizer state and the bytes saved for backward are predicted exactly (the
-architecture fixes every tensor); the step's peak within 10 % (measured worst about 4-5 %: the model
-takes backward's fullest moment at one point and ignores small temporaries).
+architecture fixes every tensor); the step's peak within 10 % (measured worst about 4-5 %, in either
+direction: the model takes backward's fullest moment at one point, so it may count a tensor already freed
+(too high) or miss small temporaries (too low)).
 """
 
 import itertools

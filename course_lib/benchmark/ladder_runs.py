@@ -157,6 +157,7 @@ class Measured:
         self.prepared = prepare(cfg)
         warm_up(self.prepared, cfg, self.device)
         self.train_rows = len(self.prepared.train)
+        self.timed_rows = len(self.prepared.timed)  # the rows every throughput run times (rungs.timed_rows)
         self.eval_rows = len(self.prepared.eval_loader.dataset)
         self.machine = machine_summary(self.device)
 
@@ -308,6 +309,7 @@ def run_ladder(cfg, log=print, measure=None) -> dict[str, Any]:
         "load_average": load,
         "config": asdict(cfg),
         "train_rows": train_rows,
+        "timed_rows": getattr(measure, "timed_rows", None),
         "eval_rows": n,
         "seeds": seeds,
         "target": {

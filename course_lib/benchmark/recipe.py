@@ -56,7 +56,8 @@ class RecipeConfig:
     rounds: int = 5  # interleaved throughput rounds per comparison (>= 5: an interval without the extremes)
     min_gain: float = MIN_GAIN  # the smallest gain worth changing the recipe for (ladder_runs.decide)
     warmup_steps: int = 1  # untimed steps at the start of each throughput run
-    timed_steps: int = 6  # timed steps of each throughput run
+    # batches of batch_size rows timed in each throughput run: the same rows for every stack (rungs.timed_rows)
+    timed_steps: int = 6
     large_batch: int = 2  # the large-batch rung's batch multiple
     rungs: tuple[str, ...] = RUNG_NAMES  # the rungs to run; the others get a row saying so
     seed: int = 0
@@ -282,6 +283,16 @@ def target_sentence(record: dict[str, Any]) -> str:
     )
 
 
+def _timed_sentence(record: dict[str, Any]) -> str:
+    """What each throughput run timed; records without ``timed_rows`` timed the epoch's first batches."""
+    if record.get("timed_rows"):
+        return (
+            f"the same {record['timed_rows']:,} training rows for every stack (drawn at random once), "
+            "each stack in its own batches"
+        )
+    return f"{setting(record, 'timed_steps')} timed steps (the epoch's first batches of each stack)"
+
+
 def markdown_report(record: dict[str, Any]) -> str:
     """The README section: how it was measured, the table, the verdict."""
     load, machine = record.get("load_average") or [], record["machine"]
@@ -296,8 +307,8 @@ def markdown_report(record: dict[str, Any]) -> str:
         f"decay) through the course loop, an evaluation every {every * batch:,} training examples. Examples to "
         f"target: median (range) over seeds {', '.join(map(str, record['seeds']))}, measured for the rungs that "
         "change the optimisation; the others compute the same function and take the stack before's. Examples/s: "
-        f"median (range) over {setting(record, 'rounds')} rounds of {setting(record, 'timed_steps')} timed steps "
-        f"after {setting(record, 'warmup_steps')} untimed, each rung interleaved with the stack before it"
+        f"median (range) over {setting(record, 'rounds')} rounds of {_timed_sentence(record)} "
+        f"after {setting(record, 'warmup_steps')} untimed step(s), each rung interleaved with the stack before it"
         + ("; vs stack before: the per-round ratio, median (interval). " if rule(record) else ". ")
         + gain_rule_sentence(record)
         + " Time to target: training only (evaluation not counted), compilation included."

@@ -5,8 +5,8 @@ and ``train_settings`` turns a stack into the course loop's ``TrainConfig`` plus
 batches' settings (``data.make_train_loader``): exactly what ``python -m course_lib.cli.train`` builds
 from its flags (``cli_flags``). Time to target is measured as two factors:
 
-* ``throughput_run``: examples per second of a few steps of a stack (after untimed warm-up steps);
-  the ladder interleaves them in rounds (``course_lib.benchmark.recipe``).
+* ``throughput_run``: examples per second over the same training rows for every stack (``timed_rows``),
+  batched the stack's own way; the ladder interleaves them in rounds (``benchmark.recipe``).
 * ``accuracy_run``: the validation accuracy after every ``eval_every`` batches of training examples,
   for one seed; the examples seen when it first reaches the target are its examples to target.
 
@@ -96,10 +96,10 @@ def mixed_precision_choice(device: torch.device) -> tuple[str, str]:
     ratios = ", ".join(f"{precision_label(p)} {s:.2f}x" for p, s in usable.items())
     if advice.fastest != "no":
         return advice.fastest, f"matmuls measured {ratios} fp32 here"
-    why = f"matmuls measured {ratios} fp32 here (not >= {FASTER}x)"
+    why = f"matmuls measured {ratios} fp32 here"
     if device.type == "cpu" and not cpu_has_fast_bf16():
         why += "; this CPU has no AVX512-BF16/AMX instructions"
-    return "no", why + ": slower, so not tried"
+    return "no", why + f": not at least {FASTER}x faster, so not tried"
 
 
 def compile_unavailable(device: torch.device) -> str | None:
@@ -195,12 +195,23 @@ def cli_flags(stack: Stack, cfg, train_rows: int | None = None) -> list[str]:
 
 @dataclass
 class Prepared:
-    """What every run shares: the model to copy, the tokenizer, the train rows, the evaluation loader."""
+    """What every run shares: model to copy, tokenizer, train rows, evaluation loader, ``timed_rows``."""
 
     model: torch.nn.Module
     tokenizer: Any
     train: Any
     eval_loader: Any
+    timed: Any  # the rows every throughput run times (``timed_rows``)
+
+
+def timed_rows(train_rows, cfg):
+    """``cfg.timed_steps`` x ``cfg.batch_size`` random rows (``cfg.seed``; whole largest batches): every stack's."""
+    # [same rows] an epoch's first batches are other rows under length grouping or a larger batch, and
+    # their token counts differ by as much as the gains decided on: time every stack on these rows
+    whole = cfg.batch_size * (cfg.large_batch if "large_batch" in cfg.rungs else 1)
+    n = min(len(train_rows), -(-cfg.timed_steps * cfg.batch_size // whole) * whole)
+    order = torch.randperm(len(train_rows), generator=torch.Generator().manual_seed(cfg.seed))
+    return train_rows.select(sorted(order[:n].tolist()))
 
 
 def prepare(cfg) -> Prepared:
@@ -227,7 +238,8 @@ def prepare(cfg) -> Prepared:
     eval_loader = data.make_dataloader(evals, tokenizer, 128)
     # Its own generator: an evaluation mid-run then draws no number from the global RNG (dropout's).
     eval_loader.generator = torch.Generator().manual_seed(cfg.seed)
-    return Prepared(model, tokenizer, train_rows.select(range(rows)), eval_loader)
+    train = train_rows.select(range(rows))
+    return Prepared(model, tokenizer, train, eval_loader, timed_rows(train, cfg))
 
 
 def _loader(stack: Stack, prepared: Prepared, cfg, seed: int, device: torch.device):
@@ -235,15 +247,27 @@ def _loader(stack: Stack, prepared: Prepared, cfg, seed: int, device: torch.devi
     return data.make_train_loader(prepared.train, prepared.tokenizer, device=device, **settings)
 
 
-def token_counts(
-    stack: Stack, prepared: Prepared, cfg, seed: int, device: torch.device, start: int, stop: int
-):
-    """Real and padded tokens of batches ``start`` to ``stop`` of the first epoch (``data.padding_counts``).
+def timed_loader(stack: Stack, prepared: Prepared, cfg, device: torch.device):
+    """The timed rows in ``stack``'s batches, one pass shuffled by ``cfg.seed`` (a fresh loader: the same)."""
+    _, settings = train_settings(stack, cfg, cfg.seed)
+    loader = data.make_train_loader(prepared.timed, prepared.tokenizer, device=device, **settings)
+    if stack.group_by_length:  # the split's rule (>= 4 mega-batches) would give so few rows 1-batch ones
+        loader.batch_sampler.mega_batches = len(loader)  # a few batches: sorted as one mega-batch
+    return loader
 
-    A fresh loader with the same seed yields the batches the course loop trains on in its first
-    epoch (the order depends only on the seed and the epoch).
-    """
-    return data.padding_counts(itertools.islice(_loader(stack, prepared, cfg, seed, device), start, stop))
+
+class _WarmUpThenTimed:
+    """The warm-up batches, then one pass over the timed rows' batches: one epoch of the course loop."""
+
+    def __init__(self, warm_up: list, timed) -> None:
+        self.warm_up, self.timed = warm_up, timed
+
+    def __len__(self) -> int:
+        return len(self.warm_up) + len(self.timed)
+
+    def __iter__(self):
+        yield from self.warm_up
+        yield from self.timed
 
 
 def accuracy_run(
@@ -284,21 +308,21 @@ def examples_to(evals: list[dict[str, Any]], target_correct: int) -> int | None:
 def throughput_run(
     stack: Stack, prepared: Prepared, cfg, device: torch.device, fresh_compile: bool = False
 ) -> dict[str, Any]:
-    """Examples (and tokens) per second of ``cfg.timed_steps`` steps after ``cfg.warmup_steps`` untimed ones.
+    """Examples (and tokens) per second over the timed rows, after ``cfg.warmup_steps`` untimed steps.
 
-    The same batches every time (the epoch's first, for ``cfg.seed``). ``fresh_compile``: compile from
-    an empty cache and report ``compile_s``, the warm-up steps' time beyond that of as many timed steps.
+    ``fresh_compile``: compile from an empty cache and report ``compile_s``, the warm-up steps' time
+    beyond that of as many timed steps.
     """
-    steps = cfg.warmup_steps + cfg.timed_steps
-    train_cfg, settings = train_settings(stack, cfg, cfg.seed, max_steps=steps)
-    loader = _loader(stack, prepared, cfg, cfg.seed, device)
+    warm = list(itertools.islice(_loader(stack, prepared, cfg, cfg.seed, device), cfg.warmup_steps))
+    loader = _WarmUpThenTimed(warm, timed_loader(stack, prepared, cfg, device))
+    train_cfg, _ = train_settings(stack, cfg, cfg.seed, max_steps=len(loader))
     with _fresh_compile(stack.compile and fresh_compile):
         history = train(copy.deepcopy(prepared.model), loader, train_cfg)
-    timed = history.step_times[cfg.warmup_steps :]
+    timed = history.step_times[len(warm) :]
     seconds = sum(timed)
-    tokens = token_counts(stack, prepared, cfg, cfg.seed, device, cfg.warmup_steps, steps)
+    tokens = data.padding_counts(timed_loader(stack, prepared, cfg, device))
     out = {
-        "examples_per_s": cfg.timed_steps * settings["batch_size"] / seconds,
+        "examples_per_s": len(prepared.timed) / seconds,
         "tokens_per_s": tokens["padded"] / seconds,
         "real_tokens_per_s": tokens["real"] / seconds,
     }

@@ -58,7 +58,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[RecipeConfig, argparse.Na
         help="the smallest time-to-target gain worth changing the recipe for (default 1.05): kept needs a median "
         "gain at least this with its interval above 1",
     )
-    p.add_argument("--timed-steps", type=int, help="timed steps per throughput run")
+    p.add_argument(
+        "--timed-steps",
+        type=int,
+        help="batches of --batch-size rows timed per throughput run (the same rows for every stack)",
+    )
     p.add_argument("--large-batch", type=int, help="batch multiple of the last rung")
     p.add_argument("--rungs", type=comma_list, help=f"comma-separated, from {', '.join(RUNG_NAMES)}")
     p.add_argument("--seed", type=int)

@@ -9,14 +9,15 @@
   ``compare_updates`` sets each update beside the exact one (SGD on the window's rows, at the same
   parameters and learning rate), so a loop that scales its gradients wrongly shows it as a ratio
   (Trainer with a model whose forward takes ``**kwargs``: k times the big batch's update);
-* memory: peak tensor memory of one forward + backward over the micro-batches (``TensorPeak``);
+* memory: peak tensor memory of one forward + backward over the micro-batches (``TensorPeak``), and
+  the time of that forward + backward, the same rows as one batch or as micro-batches;
 * checkpointing: how often each transformer layer's forward runs, counted by hooks (a checkpointed
   layer runs twice: forward, then again in backward), the compute ratio those counts imply, and
   forward and backward timed apart to predict what recomputing the layers costs;
 * the sqrt(n) idea (Chen et al. 2016) on a synthetic stack of n Linear + GELU blocks: bytes saved for
   backward without checkpointing and with ``checkpoint_sequential`` in about sqrt(n) segments.
 
-About 470 lines because lesson 04 teaches two techniques and compares three loops; the sections
+About 500 lines because lesson 04 teaches two techniques and compares three loops; the sections
 below (accumulation, the loops' updates, checkpointing, sqrt(n)) each serve one part of the lesson.
 """
 
@@ -164,6 +165,36 @@ def step_peak_mb(
         mb = peak.stop()
     model.zero_grad(set_to_none=True)
     return mb
+
+
+def accumulation_seconds(
+    model: torch.nn.Module,
+    splits: Mapping[str, Sequence[Mapping[str, torch.Tensor]]],
+    warmup: int = 1,
+    repeat: int = 5,
+    seed: int = 0,
+) -> dict[str, float]:
+    """Median seconds of one forward + backward over each split's micro-batches (``accumulate``).
+
+    ``splits``: ``{name: micro_batches}``, e.g. the same rows as one batch and as k micro-batches. The
+    splits take turns in every repeat (load that changes during the measurement hits all of them alike).
+    """
+    if repeat < 1:
+        raise ValueError(f"repeat must be >= 1, got {repeat}.")
+    device = next(model.parameters()).device
+    batches = {name: [to_device(dict(mb), device) for mb in mbs] for name, mbs in splits.items()}
+    watch, times = Stopwatch(device), {name: [] for name in splits}
+    model.train()
+    for i in range(warmup + repeat):
+        for name, micro in batches.items():
+            model.zero_grad(set_to_none=True)
+            torch.manual_seed(seed)  # the same dropout masks in every repeat
+            t0 = watch.now()
+            accumulate(model, micro, "examples")
+            if i >= warmup:
+                times[name].append(watch.now() - t0)
+    model.zero_grad(set_to_none=True)
+    return {name: median(v) for name, v in times.items()}
 
 
 class StepRecorder:

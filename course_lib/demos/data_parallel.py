@@ -199,6 +199,8 @@ def accelerate_worker(rank: int, world_size: int, demo: EvalDemo) -> dict:
 
     # Accelerate resets the thread count of CPU processes unless OMP_NUM_THREADS says it: keep the launch's.
     os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
+    # cpu=True on a CPU rank: without it (the slide's Accelerator()) a process with no GPU gets
+    # DistributedType.NO, and prepare returns the model unwrapped: the ranks would train unrelated replicas.
     accelerator = Accelerator(cpu=rank_device(rank).type == "cpu")  # joins the launch's process group
     torch.manual_seed(demo.seed + rank)  # a different classifier head on each rank, on purpose
     model = models.load_model(demo.model)

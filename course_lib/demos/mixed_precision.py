@@ -5,8 +5,10 @@
   what casting the whole model does to weight memory, and what it costs (small updates lost); the
   16-bit weight copies autocast caches for the length of an ``autocast`` block.
 * communication: the bytes DDP's all-reduce really sends per step, counted in two real processes,
-  with the default hook (fp32) and with a compression hook (``fp16_compress_hook``; ``bf16_compress_hook``
-  needs NCCL, i.e. GPUs), by ``instruments.comm``'s counter; the parameters after the same steps.
+  with the default hook (fp32) and with a compression hook (``fp16_compress_hook``; DDP accepts
+  ``bf16_compress_hook`` only in a CUDA/ROCm build with NCCL >= 2.10 or an XPU build with XCCL, whatever the
+  process group's backend: a ``+cpu`` build refuses it, see lesson 05), by ``instruments.comm``'s counter;
+  the parameters after the same steps.
 """
 
 from __future__ import annotations
@@ -147,7 +149,9 @@ def comm_worker(rank: int, world_size: int, demo: CommDemo) -> list[dict]:
 
     DDP's built-in all-reduce runs in C++; ``allreduce_hook`` is the same operation as a Python hook,
     so that every call can be counted (``instruments.comm``). The hooks are lesson 05's
-    (``demos.local_sgd.comm_hook``); ``bf16_compress_hook`` needs NCCL (GPUs); fp16's runs over gloo.
+    (``demos.local_sgd.comm_hook``). fp16's runs in any build, over gloo too; whether DDP accepts
+    ``bf16_compress_hook`` depends on the PyTorch build, not on the backend (CUDA/ROCm with NCCL >= 2.10, or
+    XPU with XCCL; ``demos.local_sgd.bf16_build_support``).
     """
     from torch.nn.parallel import DistributedDataParallel
 

@@ -10,7 +10,9 @@
 * accounting: bytes per parameter of mixed-precision training, ZeRO's way (Rajbhandari et al. 2020):
   fp16 weights 2 + fp16 gradients 2 + fp32 master weights 4 + the optimizer's state, or with any
   other measured base (the course's autocast: fp32 weights 4 + fp32 gradients 4).
-* Trainer: the optimizer class and arguments a ``TrainingArguments(optim=...)`` name resolves to.
+* Trainer: the optimizer class and arguments a ``TrainingArguments(optim=...)`` name resolves to, and
+  the optimizer ``Trainer.create_optimizer()`` builds, stepped once (for an 8-bit bitsandbytes optimizer
+  Trainer keeps every ``nn.Embedding``'s state in 32-bit).
 * step size per kind of parameter: the RMS of one step's change of weight matrices, LayerNorm gains
   and biases (Adafactor's step is relative to each tensor's RMS, AdamW's is not);
 * the step's own memory: the peak of tensor memory inside ``optimizer.step()`` (temporaries that the
@@ -68,7 +70,7 @@ def state_summary(name: str, optimizer: torch.optim.Optimizer) -> dict:
         "state bytes": total,
         "bytes/param": round(total / n, 3),
         # 2 n: two moments per parameter
-        "state in 8-bit": f"{eight_bit / (2 * n):.1%}" if name == "adamw8bit" else "-",
+        "state in 8-bit": f"{eight_bit / (2 * n):.1%}" if "8bit" in name else "-",
     }
 
 
@@ -184,6 +186,55 @@ def describe_trainer_optimizer(optim: str, output_dir: str, learning_rate: float
         "class": f"{cls.__module__}.{cls.__qualname__}",
         "arguments": ", ".join(f"{k}={kwargs[k]}" for k in shown if k in kwargs),
     }
+
+
+def trainer_stepped_optimizer(
+    model: torch.nn.Module,
+    batch: dict,
+    optim: str,
+    output_dir: str,
+    learning_rate: float = 5e-5,
+    weight_decay: float = 0.0,
+) -> torch.optim.Optimizer:
+    """The optimizer ``Trainer.create_optimizer()`` builds for ``model``, after one step on ``batch``.
+
+    Trainer's own construction, not only its class and arguments (``trainer_optimizer``): for an 8-bit
+    bitsandbytes optimizer it also registers every ``nn.Embedding``'s weight with bitsandbytes'
+    ``GlobalOptimManager`` to keep 32-bit state, which shows in the state the step creates. Trainer
+    moves ``model`` to its device; ``batch`` follows it.
+    """
+    from transformers import Trainer, TrainingArguments
+
+    if "bnb" in optim or "8bit" in optim:
+        import_bitsandbytes()  # Trainer imports it: once quietly first
+    args = TrainingArguments(
+        output_dir=output_dir, optim=optim, learning_rate=learning_rate, weight_decay=weight_decay
+    )
+    optimizer = Trainer(model=model, args=args).create_optimizer()
+    try:
+        device = next(model.parameters()).device
+        model(**{k: v.to(device) for k, v in batch.items()}).loss.backward()
+        optimizer.step()  # the state is created here, with Trainer's overrides applied
+        optimizer.zero_grad(set_to_none=True)
+    finally:
+        if "bitsandbytes" in type(optimizer).__module__:
+            # The overrides live in a process-wide manager, keyed by (group, index) too: cleared, so that
+            # a later bitsandbytes optimizer in this process does not inherit them for its first params.
+            import bitsandbytes
+
+            bitsandbytes.optim.GlobalOptimManager.get_instance().initialize()
+    return optimizer
+
+
+def embedding_share(model: torch.nn.Module) -> dict:
+    """Elements of the model's ``nn.Embedding`` weights (Trainer keeps their 8-bit AdamW state 32-bit)."""
+    embedded = {
+        p.data_ptr(): p.numel()
+        for m in model.modules()
+        if isinstance(m, torch.nn.Embedding)
+        for p in m.parameters()
+    }
+    return {"elements": sum(p.numel() for p in model.parameters()), "in embeddings": sum(embedded.values())}
 
 
 PARAM_KINDS = ("weight matrices", "LayerNorm gains", "biases", "biases at zero")

@@ -6,7 +6,10 @@
   (``torch.distributed.optim.ZeroRedundancyOptimizer``: each rank keeps the AdamW state of its share
   of the parameters), ``fsdp_no_reshard`` and ``fsdp`` (FSDP2's ``fully_shard`` per transformer block
   and on the model, with ``reshard_after_forward=False`` and ``True``: gradients and parameters sharded
-  too). Per rank: the bytes of parameters, gradients and optimizer state held (local shards), the
+  too). DDP runs with ``gradient_as_bucket_view=True`` (``ShardDemo.bucket_view``): the gradients are
+  views into its all-reduce buckets; with DDP's default (``False``) the buckets are one more full copy
+  of the gradients. Per rank: the bytes of parameters, gradients and optimizer state held (local
+  shards), the bytes of DDP's buckets that are not the gradients themselves (``bucket copy``), the
   collectives counted (``instruments.comm``) and the final full parameters.
 * ``bytes_rows`` / ``comm_rows`` / ``agreement``: the tables and the check against DDP the lesson prints.
 """
@@ -40,6 +43,7 @@ class ShardDemo:
     batch_size: int = 8
     lr: float = 1e-3
     seed: int = 0
+    bucket_view: bool = True  # DDP's gradient_as_bucket_view (False, DDP's default: buckets copy the grads)
 
     def __post_init__(self) -> None:
         unknown = [s for s in self.strategies if s not in STRATEGIES]
@@ -76,16 +80,28 @@ def _nbytes(tensors) -> int:
     return tensor_bytes(_local(t) for t in tensors)  # this rank's shards of FSDP2's DTensors
 
 
-def _wrap(strategy: str, model: torch.nn.Module, lr: float):
-    """The model and optimizer of one strategy (AdamW, no weight decay, the for-loop implementation)."""
+def _wrap(strategy: str, model: torch.nn.Module, lr: float, bucket_view: bool, buckets: dict):
+    """The model and optimizer of one strategy (AdamW, no weight decay, the for-loop implementation).
+
+    Under DDP, every all-reduce bucket the comm hook sees is recorded in ``buckets`` (storage address ->
+    bytes), so that ``_bucket_copy_bytes`` can tell whether the buckets are the gradients themselves.
+    """
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
     from torch.distributed.optim import ZeroRedundancyOptimizer
     from torch.nn.parallel import DistributedDataParallel
 
     adamw = {"lr": lr, "weight_decay": 0.0, "foreach": False}  # one update path for all: params compare
     if strategy in ("ddp", "zero1"):
-        ddp = DistributedDataParallel(model)
-        ddp.register_comm_hook(None, allreduce_hook)  # the same all-reduce, through Python: counted
+        # gradient_as_bucket_view=True: the gradients are views into the all-reduce buckets; the default
+        # (False) keeps the buckets as one more full copy of the gradients
+        ddp = DistributedDataParallel(model, gradient_as_bucket_view=bucket_view)
+
+        def recorded(state, bucket):
+            flat = bucket.buffer()  # the bucket's one flat tensor; bucket views share its storage
+            buckets[flat.untyped_storage().data_ptr()] = tensor_bytes([flat])
+            return allreduce_hook(state, bucket)
+
+        ddp.register_comm_hook(None, recorded)  # the same all-reduce, through Python: counted
         if strategy == "ddp":
             return ddp, torch.optim.AdamW(ddp.parameters(), **adamw)
         return ddp, ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.AdamW, **adamw)
@@ -94,6 +110,14 @@ def _wrap(strategy: str, model: torch.nn.Module, lr: float):
     reshard = strategy == "fsdp"
     shard_model(model, reshard_after_forward=reshard)  # each transformer block, then the model
     return model, torch.optim.AdamW(model.parameters(), **adamw)
+
+
+def _bucket_copy_bytes(buckets: dict, model: torch.nn.Module) -> int:
+    """Bytes of DDP's all-reduce buckets whose storage holds none of the gradients (an extra copy)."""
+    if not buckets:  # FSDP: no DDP buckets
+        return 0
+    grad_storages = {p.grad.untyped_storage().data_ptr() for p in model.parameters() if p.grad is not None}
+    return sum(nbytes for ptr, nbytes in buckets.items() if ptr not in grad_storages)
 
 
 def _state_holder(optimizer):
@@ -121,15 +145,18 @@ def _run(strategy: str, demo: ShardDemo, batches: Sequence[dict], world_size: in
 
     torch.manual_seed(demo.seed)  # the classifier head's random init: the same for every strategy
     model = disable_dropout(load_model())  # dropout off: every strategy computes the same function
-    model, optimizer = _wrap(strategy, model, demo.lr)
+    buckets: dict[int, int] = {}  # DDP's all-reduce buckets of the step: storage address -> bytes
+    model, optimizer = _wrap(strategy, model, demo.lr, demo.bucket_view, buckets)
     model.train()
-    log, grads = CollectiveLog(), 0
+    log, grads, bucket_bytes, bucket_copy = CollectiveLog(), 0, 0, 0
     for batch in batches:
+        buckets.clear()  # DDP rebuilds its buckets after the first step: keep this step's only
         with counting_collectives(log):
             loss = model(**batch).loss
             loss.backward()
             # counted before zero_grad(set_to_none=True) frees them: what the rank holds at the step
             grads = _nbytes(p.grad for p in model.parameters() if p.grad is not None)
+            bucket_bytes, bucket_copy = sum(buckets.values()), _bucket_copy_bytes(buckets, model)
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     state = optimizer_state_bytes(_state_holder(optimizer))
@@ -137,6 +164,8 @@ def _run(strategy: str, demo: ShardDemo, batches: Sequence[dict], world_size: in
         "strategy": strategy,
         "params": _nbytes(model.parameters()),
         "grads": grads,
+        "buckets": bucket_bytes,
+        "bucket_copy": bucket_copy,
         "state": state,
         "calls": {k: log.calls[k] / len(batches) for k in KINDS},
         "bytes": {k: log.bytes[k] / len(batches) for k in KINDS},
@@ -161,17 +190,22 @@ def shard_worker(rank: int, world_size: int, demo: ShardDemo, batches: Sequence[
 
 
 def bytes_rows(results: Sequence[dict]) -> list[dict]:
-    """Per strategy and rank: parameter, gradient and optimizer-state bytes held (measured)."""
+    """Per strategy and rank: parameter, gradient and optimizer-state bytes held (measured).
+
+    ``bucket copy``: bytes of DDP's all-reduce buckets that are not the gradients themselves (0 when
+    the gradients are views into them, ``gradient_as_bucket_view=True``; no buckets under FSDP).
+    """
     rows = []
     for res in results:
         for run in res["runs"]:
-            total = run["params"] + run["grads"] + run["state"]
+            total = run["params"] + run["grads"] + run["bucket_copy"] + run["state"]
             rows.append(
                 {
                     "strategy": run["strategy"],
                     "rank": res["rank"],
                     "params": run["params"],
                     "grads": run["grads"],
+                    "bucket copy": run["bucket_copy"],
                     "optimizer state": run["state"],
                     "total": total,
                 }
