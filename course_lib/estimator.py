@@ -30,15 +30,18 @@ DEVICES: dict[str, float] = {"laptop (16 GiB)": 16 * GIB, "24 GiB GPU": 24 * GIB
 STACK = ("weights", "gradients", "optimizer state", "activations", "temporaries")
 
 
-def estimate(arch: mm.Arch, setup: mm.Setup, stage: str = "ddp", devices: int = 1) -> dict[str, float]:
+def estimate(
+    arch: mm.Arch, setup: mm.Setup, stage: str = "ddp", devices: int = 1, bucket_view: bool = True
+) -> dict[str, float]:
     """Predicted bytes per device, one entry per ``STACK`` part, plus ``total``.
 
     Weights, gradients and optimizer state as ``memory_model.per_rank`` shards them; the activations
     are each device's own micro-batch (what autograd saves, parameters excluded); the temporaries are
     what the step's peak adds on top of the gradients and the activations, plus, when sharded, one
     transformer block's full gradients (ZeRO-2/3) and two blocks' gathered parameters (ZeRO-3).
-    DDP and ZeRO-1 are taken with gradient buckets that are the gradients themselves (PyTorch DDP's
-    ``gradient_as_bucket_view=True``); DDP's default adds one more gradient copy per device.
+    ``bucket_view``: DDP's (and ZeRO-1's) all-reduce buckets are the gradients themselves (PyTorch DDP's
+    ``gradient_as_bucket_view=True``, as ``demos.sharding`` runs it); False: DDP's default, and
+    Accelerate's, where the buckets are one more copy of the gradients, counted under "gradients".
     """
     parts = mm.predict(arch, setup)
     rank = mm.per_rank(parts, stage, devices)
@@ -50,9 +53,11 @@ def estimate(arch: mm.Arch, setup: mm.Setup, stage: str = "ddp", devices: int = 
         temporaries += block  # one block's full gradients before they are reduce-scattered
     if stage == "zero3" and devices > 1:
         temporaries += 2 * block  # one block's gathered parameters, and the next one's prefetched
+    # DDP's default: the all-reduce buckets are a second copy of the gradients (measured: demos.sharding)
+    copy = not bucket_view and stage in ("ddp", "zero1") and devices > 1
     out = {
         "weights": rank["weights"],
-        "gradients": rank["gradients"],
+        "gradients": rank["gradients"] * (2 if copy else 1),
         "optimizer state": rank["optimizer state"],
         "activations": float(activations),
         "temporaries": float(temporaries),
@@ -103,6 +108,8 @@ def estimator(model: str = "DistilBERT-base", device: str = "24 GiB GPU"):
         "checkpointing": w.Checkbox(value=False, description="checkpointing"),
         "stage": w.Dropdown(options=list(mm.STAGES), value="ddp", description="ZeRO stage"),
         "devices": w.IntSlider(value=1, min=1, max=64, description="devices"),
+        # unticked: DDP's and Accelerate's default (gradient_as_bucket_view=False): one more gradient copy
+        "bucket_view": w.Checkbox(value=True, description="DDP bucket views"),
         "device": w.Dropdown(options=list(DEVICES), value=device, description="device"),
     }
     out = w.Output()
@@ -114,7 +121,7 @@ def estimator(model: str = "DistilBERT-base", device: str = "24 GiB GPU"):
             arch = replace(arch, attention="flash")  # a fused attention kernel on GPUs (not measured here)
         seq_len = min(c["seq_len"], arch.max_position_embeddings)  # no longer than the model's position table
         setup = mm.Setup(c["batch"], seq_len, c["precision"], c["checkpointing"], c["optimizer"])
-        est = estimate(arch, setup, c["stage"], c["devices"])
+        est = estimate(arch, setup, c["stage"], c["devices"], c["bucket_view"])
         with out:
             out.clear_output(wait=True)
             ax = plot_estimate(est, DEVICES[c["device"]], c["model"])

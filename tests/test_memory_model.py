@@ -145,3 +145,35 @@ def test_estimator_stacks_the_model_parts():
     assert "does not fit" in estimator.describe(ddp, 2**20) and ": fits" in estimator.describe(
         ddp, 80 * 2**30
     )
+
+
+def test_estimator_counts_ddps_default_bucket_copy_only_where_ddp_has_buckets():
+    """DDP's (and Accelerate's) default gradient_as_bucket_view=False: one more gradient copy per device
+    (demos.sharding measures it); FSDP / ZeRO-3 has no DDP buckets, and one device runs no DDP."""
+    from course_lib import estimator
+
+    arch, setup = estimator.MODELS["DistilBERT-base"], mm.Setup(8, 128, "bf16")
+    views, copy = (estimator.estimate(arch, setup, "ddp", 8, bucket_view=b) for b in (True, False))
+    assert (
+        copy["gradients"] == 2 * views["gradients"] and copy["total"] == views["total"] + views["gradients"]
+    )
+    assert estimator.estimate(arch, setup, "zero3", 8, bucket_view=False) == estimator.estimate(
+        arch, setup, "zero3", 8
+    )
+    assert estimator.estimate(arch, setup, "ddp", 1, bucket_view=False) == estimator.estimate(
+        arch, setup, "ddp", 1
+    )
+
+
+def test_the_estimator_widget_passes_its_bucket_switch_to_the_estimate(monkeypatch):
+    pytest.importorskip("ipywidgets")
+    from course_lib import estimator
+
+    calls = []
+    real = estimator.estimate
+    monkeypatch.setattr(estimator, "estimate", lambda *a: calls.append(a) or real(*a))
+    widget = estimator.estimator()
+    controls = {c.description: c for box in widget.children[:2] for c in box.children}
+    controls["devices"].value = 8
+    controls["DDP bucket views"].value = False  # unticked: DDP's default, one more gradient copy
+    assert calls[-1][3:] == (8, False) and calls[0][4] is True  # redrawn with it; views by default
