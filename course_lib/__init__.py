@@ -1,8 +1,8 @@
 """Training helpers for the course "Efficient AI Model Training with PyTorch".
 
 The folders say what a module is for. Top-level modules are what the lessons call; ``training/`` is
-the course's one loop, one file per technique; ``instruments/`` measures; ``demos/`` holds what one
-lesson demonstrates; ``benchmark/`` and ``cli/`` are the learner's command-line programs. Every
+the course's one loop, one file per technique; ``instruments/`` measures; ``apparatus/`` holds what one
+lesson measures around its technique; ``benchmark/`` and ``cli/`` are the learner's command-line programs. Every
 folder's ``__init__.py`` maps its own modules. What maintainers and instructors run (the release,
 grading, generated sections, notebook upkeep, asset builds) is the separate package ``course_tools``,
 which imports this one; this one never imports it.
@@ -24,7 +24,7 @@ memory_model     predicted bytes of weights, gradients, optimizer state, activat
 estimator        bytes per device from the memory model, as an interactive stacked bar (ipywidgets)
 training/        the course's one way to train, a file per technique (its own map names them)
 instruments/     each measured quantity, defined once (its own map names them)
-demos/           what one lesson demonstrates, a module per lesson (its own map names them)
+apparatus/       what a lesson measures around the code it shows: workers' shells, counters, table rows
 benchmark/       what the benchmark and time-to-accuracy commands measure (its own map names them)
 cli/             command-line programs: ``python -m course_lib.cli.<name>`` (its own map names them)
 """

@@ -10,7 +10,7 @@ The building blocks that the training command (``python -m course_lib.cli.train`
 * ``average_gradients``   the all-reduce that DistributedDataParallel performs inside ``backward``
 * ``flat_params`` / ``flat_grads`` / ``same_on_all_ranks``  compare the replicas
 
-Lesson 02's demonstrations built on them are in ``course_lib.demos.data_parallel``.
+Lesson 02's demonstrations built on them are in ``course_lib.apparatus.data_parallel``.
 """
 
 from __future__ import annotations

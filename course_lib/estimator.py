@@ -40,7 +40,7 @@ def estimate(
     what the step's peak adds on top of the gradients and the activations, plus, when sharded, one
     transformer block's full gradients (ZeRO-2/3) and two blocks' gathered parameters (ZeRO-3).
     ``bucket_view``: DDP's (and ZeRO-1's) all-reduce buckets are the gradients themselves (PyTorch DDP's
-    ``gradient_as_bucket_view=True``, as ``demos.sharding`` runs it); False: DDP's default, and
+    ``gradient_as_bucket_view=True``, as ``apparatus.sharding`` runs it); False: DDP's default, and
     Accelerate's, where the buckets are one more copy of the gradients, counted under "gradients".
     """
     parts = mm.predict(arch, setup)
@@ -53,7 +53,7 @@ def estimate(
         temporaries += block  # one block's full gradients before they are reduce-scattered
     if stage == "zero3" and devices > 1:
         temporaries += 2 * block  # one block's gathered parameters, and the next one's prefetched
-    # DDP's default: the all-reduce buckets are a second copy of the gradients (measured: demos.sharding)
+    # DDP's default: the all-reduce buckets are a second copy of the gradients (measured: apparatus.sharding)
     copy = not bucket_view and stage in ("ddp", "zero1") and devices > 1
     out = {
         "weights": rank["weights"],

@@ -303,7 +303,7 @@ def per_rank(parts: dict[str, int], stage: str, world_size: int) -> dict[str, fl
     DDP replicates all three; ZeRO-1 shards the optimizer state, ZeRO-2 also the gradients, ZeRO-3 /
     FSDP also the weights (Rajbhandari et al. 2020). Activations are per rank anyway (its own batch).
     PyTorch's DDP is taken with ``gradient_as_bucket_view=True`` (the gradients are views into its
-    all-reduce buckets, as ``demos.sharding`` runs it); with DDP's default (``False``) the buckets are
+    all-reduce buckets, as ``apparatus.sharding`` runs it); with DDP's default (``False``) the buckets are
     one more full copy of the gradients per rank, which this does not count.
     """
     if stage not in STAGES:

@@ -1,6 +1,6 @@
 """``python -m course_tools.experiments``: what pretraining buys, measured; README's "pretrained" block.
 
-It prints the masked-LM table and the fine-tuning table of ``course_lib.demos.pretraining`` and records
+It prints the masked-LM table and the fine-tuning table of ``course_lib.apparatus.pretraining`` and records
 the run in ``docs/results/pretrained.json`` (``--json`` for another path); ``python -m
 course_tools.sections render pretrained`` puts README's block between ``<!-- pretrained:start -->`` and
 ``<!-- pretrained:end -->`` from that record.
@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from course_lib.demos.pretraining import (
+from course_lib.apparatus.pretraining import (
     RUNS,
     ComparisonConfig,
     compare_masked_lm,

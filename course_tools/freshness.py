@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 EXPLAINED_STDERR = ROOT / "tests" / "explained_stderr.toml"
 # The libraries whose behaviour the lessons' outputs show; their versions are part of the stamp.
 PINNED = ("torch", "transformers", "accelerate", "datasets", "bitsandbytes")
-# A course_lib module named in a string: `python -m course_lib.cli.train`, "course_lib.demos.x:fn".
+# A course_lib module named in a string: `python -m course_lib.cli.train`, "course_lib.apparatus.x:fn".
 _NAMED = re.compile(r"\bcourse_lib(?:\.[A-Za-z_]\w*)+")
 
 

@@ -112,6 +112,6 @@ def test_the_committed_recipe_is_the_builders_default():
     ``PretrainConfig``: the two must agree, or the held-out pairs the demo uses were trained on."""
     from dataclasses import asdict
 
-    from course_lib.demos.pretraining import pretraining_recipe
+    from course_lib.apparatus.pretraining import pretraining_recipe
 
     assert pretraining_recipe() == asdict(build_assets.PretrainConfig())

@@ -6,7 +6,7 @@ from torch.utils.data import DistributedSampler
 
 from course_lib import data, models, training
 from course_lib import distributed as D
-from course_lib.demos import data_parallel as DP
+from course_lib.apparatus import data_parallel as DP
 
 ROWS = 8  # the global batch of the one-step checks: 2 ranks x 4 rows, or 2 ranks x 2 micro-batches x 2 rows
 LR = 0.5

@@ -4,7 +4,7 @@ from dataclasses import asdict
 import pytest
 
 from course_lib import corpus, data
-from course_lib.demos import pretraining as experiments
+from course_lib.apparatus import pretraining as experiments
 from course_lib.training import History
 from course_tools import experiments as experiments_cli
 from course_tools import sections

@@ -65,8 +65,12 @@ def test_a_lesson_runs_the_modules_it_imports_and_what_they_import():
     assert {"course_lib.training.loop", "course_lib.training", "course_lib"} <= set(modules)
     assert {"course_lib.training.amp", "course_lib.mixed_precision"} <= set(modules), modules
     assert "torch" not in modules and "course_tools.release" not in modules
-    started = _notebook('!python -m course_lib.cli.train --max-steps 2\nx = "course_lib.demos.local_sgd:run"')
-    assert {"course_lib.cli.train", "course_lib.demos.local_sgd"} <= set(freshness.lesson_modules(started))
+    started = _notebook(
+        '!python -m course_lib.cli.train --max-steps 2\nx = "course_lib.apparatus.local_sgd:run"'
+    )
+    assert {"course_lib.cli.train", "course_lib.apparatus.local_sgd"} <= set(
+        freshness.lesson_modules(started)
+    )
 
 
 def test_a_code_change_in_an_imported_module_makes_the_outputs_stale_and_a_comment_does_not(tmp_path):

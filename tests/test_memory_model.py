@@ -149,7 +149,7 @@ def test_estimator_stacks_the_model_parts():
 
 def test_estimator_counts_ddps_default_bucket_copy_only_where_ddp_has_buckets():
     """DDP's (and Accelerate's) default gradient_as_bucket_view=False: one more gradient copy per device
-    (demos.sharding measures it); FSDP / ZeRO-3 has no DDP buckets, and one device runs no DDP."""
+    (apparatus.sharding measures it); FSDP / ZeRO-3 has no DDP buckets, and one device runs no DDP."""
     from course_lib import estimator
 
     arch, setup = estimator.MODELS["DistilBERT-base"], mm.Setup(8, 128, "bf16")

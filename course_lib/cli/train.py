@@ -118,7 +118,7 @@ class RunConfig:
     save_every: int = 100  # optimizer steps between checkpoints (and always at the end)
     keep_checkpoints: int = 2
     resume: str | None = None  # "latest" (in output_dir) or a checkpoint folder
-    stop_after_steps: int | None = None  # simulate a crash after this step (tests, demos)
+    stop_after_steps: int | None = None  # simulate a crash after this step (tests, lessons)
     cpu: bool = False
     padding: str = "dynamic"  # "dynamic" (each batch to its longest row) | "max_length" (all to max_length)
     pad_multiple: int | None = (

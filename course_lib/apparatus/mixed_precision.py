@@ -136,7 +136,7 @@ def lost_update(value: float, update: float, dtype: torch.dtype) -> dict:
 class CommDemo:
     """A few SGD steps of data-parallel training per all-reduce hook, to count what each one sends."""
 
-    # demos.local_sgd.HOOKS: "fp32" DDP's all-reduce, "fp16"/"bf16" compress
+    # apparatus.local_sgd.HOOKS: "fp32" DDP's all-reduce, "fp16"/"bf16" compress
     hooks: tuple[str, ...] = ("fp32", "fp16")
     steps: int = 3
     global_batch: int = 8
@@ -149,14 +149,14 @@ def comm_worker(rank: int, world_size: int, demo: CommDemo) -> list[dict]:
 
     DDP's built-in all-reduce runs in C++; ``allreduce_hook`` is the same operation as a Python hook,
     so that every call can be counted (``instruments.comm``). The hooks are lesson 05's
-    (``demos.local_sgd.comm_hook``). fp16's runs in any build, over gloo too; whether DDP accepts
+    (``apparatus.local_sgd.comm_hook``). fp16's runs in any build, over gloo too; whether DDP accepts
     ``bf16_compress_hook`` depends on the PyTorch build, not on the backend (CUDA/ROCm with NCCL >= 2.10, or
-    XPU with XCCL; ``demos.local_sgd.bf16_build_support``).
+    XPU with XCCL; ``apparatus.local_sgd.bf16_build_support``).
     """
     from torch.nn.parallel import DistributedDataParallel
 
     from course_lib import data, models
-    from course_lib.demos.local_sgd import HOOKS, comm_hook
+    from course_lib.apparatus.local_sgd import HOOKS, comm_hook
 
     unknown = set(demo.hooks) - set(HOOKS)
     if unknown:

@@ -1,4 +1,4 @@
-"""Lesson 06's demonstrations (course_lib.demos.optimizers): optimizer state read from the tensors."""
+"""Lesson 06's demonstrations (course_lib.apparatus.optimizers): optimizer state read from the tensors."""
 
 import copy
 import subprocess
@@ -8,7 +8,7 @@ import textwrap
 import pytest
 import torch
 
-from course_lib.demos import optimizers as od
+from course_lib.apparatus import optimizers as od
 from course_lib.instruments.memory import optimizer_state_bytes
 from course_lib.training import make_optimizer
 
@@ -147,7 +147,7 @@ def test_importing_bitsandbytes_is_quiet_on_a_cpu_with_avx512_bf16():
                 return spec
 
         sys.meta_path.insert(0, AsIfAvx512Bf16())
-        from course_lib.demos.optimizers import import_bitsandbytes
+        from course_lib.apparatus.optimizers import import_bitsandbytes
 
         import_bitsandbytes()
         import bitsandbytes.backends.cpu.ops as ops

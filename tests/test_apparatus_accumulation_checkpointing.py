@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-from course_lib.demos import accumulation_checkpointing as ac
+from course_lib.apparatus import accumulation_checkpointing as ac
 from course_lib.distributed import disable_dropout, flat_grads, flat_params
 from course_lib.instruments.memory import model_state_bytes, saved_tensor_bytes
 from course_lib.models import load_model

@@ -1,4 +1,4 @@
-"""course_lib.demos.data_parallel: lesson 02's evaluation with Accelerate, checked on two real processes.
+"""course_lib.apparatus.data_parallel: lesson 02's evaluation with Accelerate, checked on two real processes.
 
 The two-process test (``test_two_ranks_prepare_wraps_in_ddp_and_gather_for_metrics_drops_the_padding``)
 is in the slow tier.
@@ -7,7 +7,7 @@ is in the slow tier.
 import pytest
 import torch
 
-from course_lib.demos import data_parallel as DP
+from course_lib.apparatus import data_parallel as DP
 from course_lib.distributed import launch
 from course_lib.training.metrics import accuracy_f1
 

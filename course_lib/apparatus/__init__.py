@@ -1,4 +1,6 @@
-"""Demonstrations that belong to one lesson: the code a lesson runs to show its idea, kept importable.
+"""A lesson's apparatus: what it measures around the technique its own cells show (workers' shells,
+counters, recorders, timers, table rows), kept importable for spawned processes. A function here that
+applies a technique (a wrapper, an efficient optimizer, a collective) is one a lesson shows verbatim.
 
 pretraining      lesson 01: what pretraining buys (masked-LM accuracy, fill-mask, pretrained vs random init)
 data_parallel    lesson 02: sharding, replication, gradient aggregation, parameter sync on N ranks

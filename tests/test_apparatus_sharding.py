@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from course_lib import memory_model as mm
-from course_lib.demos import sharding as sh
+from course_lib.apparatus import sharding as sh
 from course_lib.distributed import launch
 from course_lib.instruments.comm import CollectiveLog, counting_collectives, ring_bytes
 

@@ -1,11 +1,11 @@
-"""Lesson 03's demonstrations (``course_lib.demos.mixed_precision``) on a two-layer model."""
+"""Lesson 03's demonstrations (``course_lib.apparatus.mixed_precision``) on a two-layer model."""
 
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from course_lib.demos import mixed_precision as mpd
+from course_lib.apparatus import mixed_precision as mpd
 from course_lib.mixed_precision import advise_precision
 
 

@@ -1,4 +1,4 @@
-"""course_lib.demos.local_sgd: counting what goes to the network, local SGD's averaging, lesson 05's launch.
+"""course_lib.apparatus.local_sgd: counting what goes to the network, local SGD's averaging, lesson 05's launch.
 
 The fast tests run in this process, in a one-process gloo group (a FileStore: no network). The
 two-process test (``test_two_ranks_count_and_drift``) is in the slow tier.
@@ -12,7 +12,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
-from course_lib.demos import local_sgd as L
+from course_lib.apparatus import local_sgd as L
 from course_lib.distributed import launch
 
 
