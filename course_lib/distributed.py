@@ -339,8 +339,23 @@ def same_on_all_ranks(tensor: torch.Tensor) -> bool:
 
 
 def disable_dropout(model: torch.nn.Module) -> torch.nn.Module:
-    """Set every dropout probability to 0 (exact comparisons between runs); returns ``model``."""
+    """Set every dropout probability to 0, in the modules and in a Hugging Face config (a copy built from
+    it has none either): the model becomes a deterministic function of its parameters and batch, so
+    runs compare exactly. Returns ``model``."""
     for module in model.modules():
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
+    config = getattr(model, "config", None)
+    for name in ("dropout", "attention_dropout", "seq_classif_dropout"):
+        if hasattr(config, name):
+            setattr(config, name, 0.0)
     return model
+
+
+def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Largest absolute element-wise difference of two same-shaped tensors (0.0 for empty ones)."""
+    if a.shape != b.shape:
+        raise ValueError(f"Shapes differ: {tuple(a.shape)} vs {tuple(b.shape)}.")
+    if not a.numel():
+        return 0.0  # max() of an empty tensor raises
+    return (a.detach().float().cpu() - b.detach().float().cpu()).abs().max().item()

@@ -318,3 +318,21 @@ def test_two_process_trainer_doubles_distilberts_update_by_default(trainer_runs)
     assert two["accepts_loss_kwargs"] and one["accepts_loss_kwargs"]
     ratio = (two["params"] - two["start"]).norm() / (one["params"] - one["start"]).norm()
     assert abs(ratio.item() - 2.0) < 1e-3, ratio  # SGD, one step: the update is proportional to the gradient
+
+
+def test_max_abs_diff_is_zero_for_empty_tensors_and_refuses_other_shapes():
+    from course_lib.distributed import max_abs_diff
+
+    assert max_abs_diff(torch.zeros(0), torch.zeros(0)) == 0.0
+    assert max_abs_diff(torch.tensor([1.0, -2.0]), torch.tensor([1.5, 1.0])) == 3.0
+    with pytest.raises(ValueError, match="Shapes differ"):
+        max_abs_diff(torch.zeros(2), torch.zeros(3))
+
+
+def test_disable_dropout_zeroes_the_modules_and_the_config():
+    from course_lib.distributed import disable_dropout
+    from course_lib.models import load_model
+
+    model = disable_dropout(load_model())
+    assert all(m.p == 0.0 for m in model.modules() if isinstance(m, torch.nn.Dropout))
+    assert model.config.dropout == model.config.attention_dropout == model.config.seq_classif_dropout == 0.0

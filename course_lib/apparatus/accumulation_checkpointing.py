@@ -31,7 +31,7 @@ import torch
 from torch.utils.checkpoint import checkpoint_sequential
 
 from course_lib.devices import to_device
-from course_lib.distributed import flat_grads, flat_params
+from course_lib.distributed import flat_grads, flat_params, max_abs_diff
 from course_lib.instruments.memory import SavedTensors, TensorPeak
 from course_lib.instruments.timing import Stopwatch, median
 
@@ -135,13 +135,6 @@ def sgd_update(
     accumulate(work, micro_batches, weighting, k)
     optimizer.step()
     return flat_params(work)
-
-
-def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Largest absolute elementwise difference of two tensors of the same shape."""
-    if a.shape != b.shape:
-        raise ValueError(f"Shapes differ: {tuple(a.shape)} vs {tuple(b.shape)}.")
-    return (a.detach().float().cpu() - b.detach().float().cpu()).abs().max().item()
 
 
 def step_peak_mb(

@@ -264,13 +264,6 @@ def single_process_step(demo: StepDemo) -> dict:
     }
 
 
-def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Largest absolute element-wise difference of two same-shaped tensors."""
-    if a.shape != b.shape:
-        raise ValueError(f"Shapes differ: {tuple(a.shape)} vs {tuple(b.shape)}.")
-    return (a.float() - b.float()).abs().max().item() if a.numel() else 0.0  # max() of an empty tensor raises
-
-
 def plot_shards(batches_per_rank: Sequence[Sequence[Sequence[int]]], n: int, ax=None):
     """A ranks x samples grid: which rank reads each sample, and in which of its batches."""
     import matplotlib.pyplot as plt

@@ -31,9 +31,9 @@ import torch.distributed as dist
 from course_lib.devices import to_device
 from course_lib.distributed import flat_params, rank_device, same_on_all_ranks, shard_indices
 from course_lib.instruments.comm import CollectiveLog, counting_collectives
+from course_lib.instruments.memory import MIB
 from course_lib.training.ddp import COMM_HOOKS
 
-MIB = 2**20
 SYNCS = ("ddp", "accum", "local_sgd")
 # The comm hooks are the training loop's (training.ddp.COMM_HOOKS); its "none", DDP's own fp32 all-reduce,
 # is labelled "fp32" here and run as the Python hook that does the same, so that it can be counted.

@@ -21,10 +21,8 @@ import torch
 from course_lib.devices import to_device
 from course_lib.distributed import disable_dropout, flat_params, rank_device, shard_indices
 from course_lib.instruments.comm import counting_collectives
-from course_lib.instruments.memory import SavedTensors, tensor_bytes
+from course_lib.instruments.memory import MIB, SavedTensors, tensor_bytes
 from course_lib.mixed_precision import FASTER, PrecisionAdvice, autocast_dtype
-
-MIB = 2**20
 
 
 def saved_activation_bytes(model: torch.nn.Module, batch: dict, precision: str = "no") -> dict[str, int]:

@@ -29,6 +29,7 @@ import torch
 
 from course_lib import data
 from course_lib.devices import seed_everything
+from course_lib.distributed import disable_dropout
 from course_lib.mixed_precision import FASTER, advise, cpu_has_fast_bf16, precision_label
 from course_lib.training import TrainConfig, train
 from course_lib.training.metrics import evaluate
@@ -357,17 +358,6 @@ def warm_up(prepared: Prepared, cfg, device: torch.device) -> None:
     evaluate(copy.deepcopy(prepared.model).to(device), prepared.eval_loader)
 
 
-def without_dropout(model: torch.nn.Module) -> torch.nn.Module:
-    """``model`` with every dropout probability 0 (a deterministic function of parameters and batch)."""
-    for module in model.modules():
-        if isinstance(module, torch.nn.Dropout):
-            module.p = 0.0
-    for name in ("dropout", "attention_dropout", "seq_classif_dropout"):
-        if hasattr(model.config, name):
-            setattr(model.config, name, 0.0)
-    return model
-
-
 def same_function_losses(
     stacks: list[Stack], prepared: Prepared, cfg, device: torch.device, steps: int = 3
 ) -> list[list[float]]:
@@ -376,7 +366,7 @@ def same_function_losses(
     Dropout draws its masks from tensors of the batch's shape, so with dropout on, another padding
     draws other masks: a different sample of the same random function, not a different function.
     """
-    model = without_dropout(copy.deepcopy(prepared.model))
+    model = disable_dropout(copy.deepcopy(prepared.model))
     out = []
     for stack in stacks:
         train_cfg, settings = train_settings(stack, cfg, cfg.seed, max_steps=steps)

@@ -24,6 +24,8 @@ import torch
 
 from course_lib.devices import get_device
 
+MIB = 2**20  # bytes in a mebibyte, the unit the lessons' tables print
+
 
 @contextmanager
 def _quiet_stderr_fd():
