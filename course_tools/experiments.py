@@ -19,7 +19,7 @@ from course_lib.apparatus.pretraining import (
     RUNS,
     ComparisonConfig,
     compare_masked_lm,
-    markdown_table,
+    fine_tuning_table,
     masked_lm_table,
     pretrained_vs_scratch,
 )
@@ -70,7 +70,7 @@ def render_report(record: dict[str, Any]) -> str:
     return (
         f"{header}:\n\nMasked-LM (the pretraining task) on held-out pairs:\n\n{masked_lm_table(record['masked_lm'])}"
         f"\n\nFine-tuning on the paraphrase task, same budget for both starts:\n\n"
-        f"{markdown_table(record['fine_tuning'])}\n"
+        f"{fine_tuning_table(record['fine_tuning'])}\n"
     )
 
 

@@ -91,7 +91,7 @@ def test_tables_speak_japanese_for_the_lesson_and_refuse_other_languages():
     run = {"accuracy": 0.8125, "f1": 0.85, "eval_loss": 0.4, "seconds": 12.3}
     result = {"config": asdict(experiments.ComparisonConfig(train_rows=64)), "pretrained": run}
     result |= {"scratch": run, "majority_accuracy": 0.664}
-    assert "訓練データ 64 行" in experiments.markdown_table(result, lang="ja").splitlines()[-1]
+    assert "訓練データ 64 行" in experiments.fine_tuning_table(result, lang="ja").splitlines()[-1]
     with pytest.raises(ValueError, match="lang"):
         experiments.masked_lm_table(mlm, lang="fr")
 
@@ -133,7 +133,7 @@ def test_bad_budget_gets_a_clear_error():
     assert experiments.ComparisonConfig(precision="fp32").precision == "no"
 
 
-def test_markdown_table_lists_both_runs_and_the_baseline():
+def test_fine_tuning_table_lists_both_runs_and_the_baseline():
     run = {"accuracy": 0.8125, "f1": 0.85, "eval_loss": 0.4, "seconds": 12.3}
     result = {
         "config": asdict(experiments.ComparisonConfig()),
@@ -141,7 +141,7 @@ def test_markdown_table_lists_both_runs_and_the_baseline():
         "scratch": {**run, "accuracy": 0.664},
         "majority_accuracy": 0.664,
     }
-    lines = experiments.markdown_table(result).splitlines()
+    lines = experiments.fine_tuning_table(result).splitlines()
     assert lines[0].startswith("| start from | val accuracy |")
     assert lines[2] == "| pretrained checkpoint | 0.812 | 0.850 | 0.400 | 12 |"
     assert lines[3].startswith("| random init | 0.664 |")

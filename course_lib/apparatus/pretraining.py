@@ -313,8 +313,8 @@ def pretrained_vs_scratch(
     return result
 
 
-def markdown_table(result: dict[str, Any], lang: str = "en") -> str:
-    """The comparison as a markdown table (one row per run, plus the majority-class baseline); ``lang``: "en"/"ja"."""
+def fine_tuning_table(result: dict[str, Any], lang: str = "en") -> str:
+    """The fine-tuning table: a row per start, and the majority class; ``lang``: "en" or "ja"."""
     w = _words(lang)
     cfg = result["config"]
     rows = [w["header"], "|---|---|---|---|---|"]
