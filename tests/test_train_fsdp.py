@@ -115,3 +115,28 @@ def test_shard_model_needs_a_process_group_and_no_optimizer_yet():
 def test_an_fsdp_resume_refuses_a_checkpoint_without_parameter_names(tmp_path):
     with pytest.raises(ValueError, match="a run without --fsdp"):
         checkpoints._by_name({"state": {0: {}}, "param_groups": [{"params": [0]}]}, tmp_path)
+
+
+def test_build_optimizer_shards_first_and_train_refuses_an_optimizer_made_before_sharding():
+    """One place decides FSDP sharding: ``training.build_optimizer`` shards, then builds the optimizer
+    on the shards; ``train`` given an optimizer of an unsharded model under fsdp refuses it."""
+    from course_lib import training
+
+    cfg = TrainConfig(fsdp=True, max_steps=1, progress=False, eval_every_epoch=False)
+    with tempfile.TemporaryDirectory() as tmp:
+        dist.init_process_group("gloo", init_method=Path(tmp, "store").as_uri(), rank=0, world_size=1)
+        try:
+            model = models.load_model()
+            optimizer = training.build_optimizer(model, cfg)
+            assert fsdp.is_sharded(model)
+            held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+            assert held == {id(p) for p in model.parameters()}  # the shards, not the replaced tensors
+            plain = models.load_model()
+            early = torch.optim.AdamW(plain.parameters())
+            with pytest.raises(ValueError, match="build_optimizer"):
+                training.train(
+                    plain, [{"input_ids": torch.zeros(1, 4, dtype=torch.long)}], cfg, optimizer=early
+                )
+            assert not fsdp.is_sharded(plain)
+        finally:
+            dist.destroy_process_group()

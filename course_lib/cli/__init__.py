@@ -1,6 +1,7 @@
 """Command-line programs: ``python -m course_lib.cli.<name>``.
 
 train        fine-tune the course model on 1 or N processes (torchrun, accelerate launch)
+train_options  the train command's flags: RunConfig and parse_args
 bench        the training benchmark: four implementations side by side
 recipe       time to a fixed accuracy, one efficiency change per rung
 check        a learner's self-check of an exercise notebook (``make check NB=...``, ``course-check``)

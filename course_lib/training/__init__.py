@@ -22,7 +22,7 @@ from course_lib.training.accelerator import amp_is_active, fresh_accelerator
 from course_lib.training.activation_checkpointing import enable_checkpointing
 from course_lib.training.history import History
 from course_lib.training.kernels import ATTENTION
-from course_lib.training.loop import TrainConfig, train
+from course_lib.training.loop import TrainConfig, build_optimizer, train
 from course_lib.training.metrics import accuracy_f1, evaluate
 from course_lib.training.optim import (
     OPTIMIZERS,
@@ -40,6 +40,7 @@ __all__ = [
     "TrainConfig",
     "accuracy_f1",
     "amp_is_active",
+    "build_optimizer",
     "enable_checkpointing",
     "evaluate",
     "fresh_accelerator",

@@ -33,3 +33,9 @@ def micro_batches(dataloader, k: int, start: int = 0) -> Iterator[tuple[Any, boo
 def steps_per_epoch(batches: int, k: int) -> int:
     """Optimizer steps in an epoch of ``batches`` micro-batches (a short last window is a step)."""
     return -(-batches // k)  # ceil(batches / k) in integers
+
+
+def run_steps(batches: int, k: int, epochs: int, max_steps: int | None) -> int:
+    """Optimizer steps of a whole run: ``max_steps``, else ``epochs`` epochs of ``batches`` micro-batches
+    (this process's share of them). The one count the loop and the training command both use."""
+    return max_steps or steps_per_epoch(batches, k) * epochs

@@ -82,6 +82,17 @@ def shard_model(
     return model
 
 
+def require_sharded(model: torch.nn.Module, enabled: bool, accelerator=None) -> None:
+    """Refuse an optimizer made before sharding: with ``enabled``, ``model`` must be sharded already
+    (by ``training.build_optimizer``, which shards and then builds) or by the ``accelerator``."""
+    if enabled and not is_sharded(model) and not accelerator_shards(accelerator):
+        raise ValueError(
+            "fsdp with an optimizer passed in: fully_shard replaces the model's parameters, so the optimizer "
+            "must be built after it. Build both with course_lib.training.build_optimizer(model, config), "
+            "or pass no optimizer."
+        )
+
+
 def local_numel(model: torch.nn.Module) -> int:
     """Parameter elements this rank holds (its shards under FSDP, everything otherwise)."""
     return sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in model.parameters())

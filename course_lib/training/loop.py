@@ -37,13 +37,13 @@ from course_lib.devices import get_device, seed_everything
 from course_lib.instruments.timing import Stopwatch
 from course_lib.mixed_precision import check_precision
 from course_lib.training.accelerator import AcceleratorSteps
-from course_lib.training.accum import micro_batches, steps_per_epoch
+from course_lib.training.accum import micro_batches, run_steps, steps_per_epoch
 from course_lib.training.activation_checkpointing import enable_checkpointing
 from course_lib.training.amp import TorchAmp
 from course_lib.training.backend import Backend
 from course_lib.training.clip import clip_gradients
 from course_lib.training.ddp import COMM_HOOKS, register_comm_hook, set_epoch, sync_gradients
-from course_lib.training.fsdp import shard_model
+from course_lib.training.fsdp import require_sharded, shard_model
 from course_lib.training.history import History
 from course_lib.training.kernels import ATTENTION, compiled, set_attention
 from course_lib.training.local_sgd import local_sgd
@@ -128,6 +128,18 @@ class TrainConfig:
             )
 
 
+def build_optimizer(model: torch.nn.Module, config: TrainConfig, accelerator=None) -> torch.optim.Optimizer:
+    """The run's optimizer per ``config``, on the parameters it will train: under ``config.fsdp`` the
+    model is sharded first, in place (on the accelerator's device), since the optimizer must hold the
+    shards. The one place that decides both; ``train`` calls it when no optimizer is passed."""
+    if config.fsdp and accelerator is not None:
+        model.to(accelerator.device)  # shard where the model trains (a GPU per process)
+    shard_model(model, config.fsdp, accelerator)  # [fsdp] before the optimizer: it must hold the shards
+    return make_optimizer(  # [optim]
+        model, config.lr, config.weight_decay, fused=config.fused_optimizer, name=config.optimizer
+    )
+
+
 def train(
     model: torch.nn.Module,
     train_dataloader,
@@ -156,11 +168,10 @@ def train(
     if len(train_dataloader) == 0:
         raise ValueError("The training DataLoader is empty: there is nothing to train on.")
     set_attention(model, cfg.attn_implementation)  # [kernels]
-    # [fsdp] before the optimizer is made: it must hold the shards, not the full parameters
-    model = shard_model(model, cfg.fsdp, accelerator, optimizer)
-    optimizer = optimizer or make_optimizer(  # [optim]
-        model, cfg.lr, cfg.weight_decay, fused=cfg.fused_optimizer, name=cfg.optimizer
-    )
+    if optimizer is None:
+        optimizer = build_optimizer(model, cfg, accelerator)  # [optim] [fsdp] shards first under fsdp
+    else:
+        require_sharded(model, cfg.fsdp, accelerator)  # [fsdp] one built before sharding updates nothing
     enable_checkpointing(model, cfg.gradient_checkpointing)  # [activation_checkpointing]
     if accelerator is not None:
         backend: Backend = AcceleratorSteps(accelerator)  # [accelerator]
@@ -174,7 +185,7 @@ def train(
     forward = compiled(model, cfg.compile, cfg.compile_dynamic)  # [kernels] same parameters, fused kernels
     # Counted after prepare: under N processes each one sees 1/N of the batches.
     per_epoch = steps_per_epoch(len(train_dataloader), k)  # [accum]
-    total_steps = cfg.max_steps or per_epoch * cfg.epochs
+    total_steps = run_steps(len(train_dataloader), k, cfg.epochs, cfg.max_steps)
     scheduler = make_scheduler(optimizer, total_steps, cfg.warmup_ratio, start_step)  # [resume]
     first_epoch, skip = resume_position(start_step, per_epoch, k)  # [resume]
 
