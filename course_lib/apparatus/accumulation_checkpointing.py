@@ -1,276 +1,23 @@
-"""Lesson 04's demonstrations: gradient accumulation and activation checkpointing, each measured.
+"""Lesson 04's checkpointing apparatus (the module keeps the lesson's name; accumulation's is in ``accumulation``).
 
-* accumulation: cut a batch into micro-batches, run backward on each with its loss weighted
-  (``micro_batch_weights``: ``"mean"``, loss / k, or ``"examples"``, loss x n_i / N, exact for unequal
-  micro-batches and a short last window), and compare the gradients and the SGD update with those of
-  the one big batch;
-* the same update in three loops: ``StepRecorder`` hooks any optimizer (the course loop's, an
-  Accelerator's, Trainer's) and keeps the parameters before and after every real step;
-  ``compare_updates`` sets each update beside the exact one (SGD on the window's rows, at the same
-  parameters and learning rate), so a loop that scales its gradients wrongly shows it as a ratio
-  (Trainer with a model whose forward takes ``**kwargs``: k times the big batch's update);
-* memory: peak tensor memory of one forward + backward over the micro-batches (``TensorPeak``), and
-  the time of that forward + backward, the same rows as one batch or as micro-batches;
-* checkpointing: how often each transformer layer's forward runs, counted by hooks (a checkpointed
-  layer runs twice: forward, then again in backward), the compute ratio those counts imply, and
-  forward and backward timed apart to predict what recomputing the layers costs;
+* how often each transformer layer's forward runs, counted by hooks (a checkpointed layer runs twice:
+  forward, then again in backward), the compute ratio those counts imply, and forward and backward
+  timed apart to predict what recomputing the layers costs;
 * the sqrt(n) idea (Chen et al. 2016) on a synthetic stack of n Linear + GELU blocks: bytes saved for
-  backward without checkpointing and with ``checkpoint_sequential`` in about sqrt(n) segments.
-
-About 500 lines because lesson 04 teaches two techniques and compares three loops; the sections
-below (accumulation, the loops' updates, checkpointing, sqrt(n)) each serve one part of the lesson.
+  backward without checkpointing and with ``checkpoint_sequential`` in about sqrt(n) segments (the lesson
+  shows ``stack_saved_bytes`` line for line).
 """
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Mapping, Sequence
 
 import torch
-from torch.utils.checkpoint import checkpoint_sequential
 
 from course_lib.devices import to_device
-from course_lib.distributed import flat_grads, flat_params, max_abs_diff
-from course_lib.instruments.memory import SavedTensors, TensorPeak
+from course_lib.instruments.memory import SavedTensors
 from course_lib.instruments.timing import Stopwatch, median
-
-WEIGHTINGS = ("mean", "examples")
-
-
-# ---------------------------------------------------------------- accumulation
-
-
-def split_batch(batch: Mapping[str, torch.Tensor], sizes: Sequence[int]) -> list[dict[str, torch.Tensor]]:
-    """Cut ``batch`` (tensors of shape (B, ...)) into consecutive micro-batches of ``sizes`` rows."""
-    rows = {len(v) for v in batch.values()}
-    if len(rows) != 1:
-        raise ValueError(f"The batch's tensors disagree on the number of rows: {sorted(rows)}.")
-    (total,) = rows
-    if not sizes or any(n < 1 for n in sizes) or sum(sizes) != total:
-        raise ValueError(
-            f"sizes {list(sizes)} must be positive and add up to the batch's {total} rows, "
-            f"e.g. [{total // 2}, {total - total // 2}]."
-        )
-    out, start = [], 0
-    for n in sizes:
-        out.append({key: value[start : start + n] for key, value in batch.items()})
-        start += n
-    return out
-
-
-def micro_batch_weights(
-    sizes: Sequence[int], weighting: str = "examples", k: int | None = None
-) -> list[float]:
-    """The factor each micro-batch's mean loss is multiplied by before its backward.
-
-    ``"mean"``: 1 / k for each (``k`` defaults to ``len(sizes)``, the window's length, as the course
-    loop does; Accelerate uses its fixed k, also for the short last window of an epoch).
-    ``"examples"``: n_i / sum(n), so that the window's loss is the mean over all its examples,
-    whatever the micro-batch sizes.
-    """
-    if weighting not in WEIGHTINGS:
-        raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}.")
-    if not sizes or any(n < 1 for n in sizes):
-        raise ValueError(f"sizes must be a non-empty list of positive row counts, got {list(sizes)}.")
-    if weighting == "mean":
-        k = len(sizes) if k is None else k
-        if k < 1:
-            raise ValueError(f"k must be >= 1, got {k}.")
-        return [1.0 / k] * len(sizes)
-    total = sum(sizes)
-    return [n / total for n in sizes]
-
-
-def rows(batch: Mapping[str, torch.Tensor]) -> int:
-    """Number of examples in a batch (the length of its ``labels``)."""
-    return len(batch["labels"])
-
-
-def accumulate(
-    model: torch.nn.Module,
-    micro_batches: Sequence[Mapping[str, torch.Tensor]],
-    weighting: str = "examples",
-    k: int | None = None,
-) -> float:
-    """Forward + backward on each micro-batch, its loss weighted per ``weighting``; returns the window's loss.
-
-    The gradients add up in each parameter's ``.grad`` (reset them before, step after).
-    """
-    weights = micro_batch_weights([rows(mb) for mb in micro_batches], weighting, k)
-    device = next(model.parameters()).device
-    total = 0.0
-    for mb, weight in zip(micro_batches, weights):
-        # weighted before backward: the .grad that the micro-batches add up is the window's
-        loss = model(**to_device(dict(mb), device)).loss * weight
-        loss.backward()
-        total += loss.item()  # note: a CPU-GPU sync point
-    return total
-
-
-def accumulated_gradients(
-    model: torch.nn.Module,
-    micro_batches: Sequence[Mapping[str, torch.Tensor]],
-    weighting: str = "examples",
-    k: int | None = None,
-) -> torch.Tensor:
-    """All gradients, flattened, after ``accumulate`` on a copy of ``model`` (``model`` is left as is)."""
-    work = copy.deepcopy(model)
-    work.zero_grad(set_to_none=True)
-    accumulate(work, micro_batches, weighting, k)
-    return flat_grads(work)
-
-
-def sgd_update(
-    model: torch.nn.Module,
-    micro_batches: Sequence[Mapping[str, torch.Tensor]],
-    lr: float = 1.0,
-    weighting: str = "examples",
-    k: int | None = None,
-) -> torch.Tensor:
-    """All parameters, flattened, after one SGD step over ``micro_batches`` on a copy of ``model``."""
-    work = copy.deepcopy(model)
-    work.zero_grad(set_to_none=True)
-    optimizer = torch.optim.SGD(work.parameters(), lr=lr)
-    accumulate(work, micro_batches, weighting, k)
-    optimizer.step()
-    return flat_params(work)
-
-
-def step_peak_mb(
-    model: torch.nn.Module,
-    micro_batches: Sequence[Mapping[str, torch.Tensor]],
-    device: torch.device | str | None = None,
-) -> float:
-    """Peak tensor memory (MiB) of one forward + backward over ``micro_batches`` (gradients reset first).
-
-    Measured with ``TensorPeak`` above what was allocated at the start: activations, the gradient
-    buffers (allocated by the first backward), temporaries. The batches are moved to the device first.
-    """
-    device = torch.device(device) if device is not None else next(model.parameters()).device
-    batches = [to_device(dict(mb), device) for mb in micro_batches]
-    model.zero_grad(set_to_none=True)  # None: the first backward allocates .grad inside the measurement
-    peak = TensorPeak(device)
-    peak.start()
-    try:
-        accumulate(model, batches, "examples")
-    finally:
-        mb = peak.stop()
-    model.zero_grad(set_to_none=True)
-    return mb
-
-
-def accumulation_seconds(
-    model: torch.nn.Module,
-    splits: Mapping[str, Sequence[Mapping[str, torch.Tensor]]],
-    warmup: int = 1,
-    repeat: int = 5,
-    seed: int = 0,
-) -> dict[str, float]:
-    """Median seconds of one forward + backward over each split's micro-batches (``accumulate``).
-
-    ``splits``: ``{name: micro_batches}``, e.g. the same rows as one batch and as k micro-batches. The
-    splits take turns in every repeat (load that changes during the measurement hits all of them alike).
-    """
-    if repeat < 1:
-        raise ValueError(f"repeat must be >= 1, got {repeat}.")
-    device = next(model.parameters()).device
-    batches = {name: [to_device(dict(mb), device) for mb in mbs] for name, mbs in splits.items()}
-    watch, times = Stopwatch(device), {name: [] for name in splits}
-    model.train()
-    for i in range(warmup + repeat):
-        for name, micro in batches.items():
-            model.zero_grad(set_to_none=True)
-            torch.manual_seed(seed)  # the same dropout masks in every repeat
-            t0 = watch.now()
-            accumulate(model, micro, "examples")
-            if i >= warmup:
-                times[name].append(watch.now() - t0)
-    model.zero_grad(set_to_none=True)
-    return {name: median(v) for name, v in times.items()}
-
-
-class StepRecorder:
-    """The parameters before and after every real ``optimizer.step()``, and the learning rate it used.
-
-    Hooks on the (torch) optimizer itself, so it sees the steps of any loop that drives it: the
-    course's, an ``Accelerator``'s (whose wrapper skips ``step()`` between updates) or ``Trainer``'s.
-    Register it before ``accelerator.prepare`` / ``Trainer(...)``; ``remove()`` takes the hooks off.
-    """
-
-    def __init__(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> None:
-        self.model = model
-        self.before: list[torch.Tensor] = []
-        self.after: list[torch.Tensor] = []
-        self.lrs: list[float] = []
-        self._handles = [
-            optimizer.register_step_pre_hook(self._pre),
-            optimizer.register_step_post_hook(self._post),
-        ]
-
-    def _pre(self, optimizer, args, kwargs) -> None:
-        self.before.append(flat_params(self.model))
-        # Trainer's two groups (decay, no decay) share one lr
-        self.lrs.append(float(optimizer.param_groups[0]["lr"]))
-
-    def _post(self, optimizer, args, kwargs) -> None:
-        self.after.append(flat_params(self.model))
-
-    def updates(self) -> list[torch.Tensor]:
-        """Each step's change of all parameters (after - before), flattened."""
-        return [a - b for a, b in zip(self.after, self.before)]
-
-    def remove(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
-
-
-def exact_update(
-    model: torch.nn.Module, params: torch.Tensor, window: Mapping[str, torch.Tensor], lr: float
-) -> torch.Tensor:
-    """The SGD update of the mean loss over all rows of ``window``, from the flat ``params`` (``model`` is the architecture)."""
-    work = copy.deepcopy(model)
-    # the copy starts from the recorded parameters, not from the model's current ones
-    torch.nn.utils.vector_to_parameters(params.to(next(work.parameters()).device), work.parameters())
-    return sgd_update(work, [window], lr=lr) - params
-
-
-def compare_updates(
-    recorder: StepRecorder,
-    model: torch.nn.Module,
-    windows: Sequence[Mapping[str, torch.Tensor]],
-    tol: float,
-) -> list[dict]:
-    """Each recorded step beside the exact update of its window (same parameters, same learning rate).
-
-    One row per window: its rows, the norms of both updates, their ratio and whether they agree
-    within ``tol`` (largest absolute difference). ``windows[i]`` holds all rows of step i's window.
-    """
-    if len(recorder.after) != len(windows):
-        raise ValueError(
-            f"The recorder saw {len(recorder.after)} optimizer steps but {len(windows)} windows were given: "
-            "pass one batch per step, holding all rows of that step's window."
-        )
-    out = []
-    for i, (update, before, lr, window) in enumerate(
-        zip(recorder.updates(), recorder.before, recorder.lrs, windows)
-    ):
-        exact = exact_update(model, before, window, lr)
-        out.append(
-            {
-                "window": i + 1,
-                "rows": rows(window),
-                "update norm": update.norm().item(),
-                "exact norm": exact.norm().item(),
-                "ratio": (update.norm() / exact.norm()).item(),
-                "same": max_abs_diff(update, exact) < tol,
-            }
-        )
-    return out
-
-
-# ---------------------------------------------------------------- checkpointing
 
 
 def checkpointed_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -453,7 +200,7 @@ def stack_saved_bytes(stack: torch.nn.Sequential, x: torch.Tensor, segments: int
         if segments is None:
             out = stack(x)
         else:
-            out = checkpoint_sequential(stack, segments, x, use_reentrant=False)
+            out = torch.utils.checkpoint.checkpoint_sequential(stack, segments, x, use_reentrant=False)
     out.sum().backward()  # backward frees what was saved
     stack.zero_grad(set_to_none=True)
     return saved.bytes
