@@ -46,3 +46,22 @@ def test_two_ranks_prepare_wraps_in_ddp_and_gather_for_metrics_drops_the_padding
         assert accuracy_f1(r["metrics_preds"], r["metrics_labels"]) == accuracy_f1(
             one["preds"], one["labels"]
         )
+
+
+@pytest.mark.slow  # two real processes
+def test_one_ddp_step_by_hand_equals_ddp_and_one_process_on_the_whole_batch():
+    demo = DP.StepDemo(global_batch=4, lr=0.5)
+    r0, r1 = launch(DP.ddp_step_worker, 2, args=(demo,), backend="gloo")
+    assert sorted(r0["rows"] + r1["rows"]) == [0, 1, 2, 3]
+    assert not torch.equal(r0["params_own_init"], r1["params_own_init"])  # the seeds really differed
+    assert torch.equal(r1["params_start"], r0["params_own_init"])  # DDP broadcast rank 0's
+    assert not torch.equal(r0["grad_local"], r1["grad_local"])
+    mean_local = (r0["grad_local"] + r1["grad_local"]) / 2
+    torch.testing.assert_close(r0["grad_averaged"], mean_local, rtol=1e-5, atol=1e-7)
+    assert torch.equal(r0["grad_averaged"], r1["grad_averaged"])
+    torch.testing.assert_close(r0["grad_ddp"], r0["grad_averaged"], rtol=1e-5, atol=1e-7)
+    assert r0["same_params_all_ranks"] and torch.equal(r0["params_after"], r1["params_after"])
+    assert not torch.equal(r0["params_after"], r0["params_start"])  # the step did move them
+    torch.testing.assert_close(r0["params_after_rank0_update"], r0["params_after"], rtol=1e-5, atol=1e-7)
+    one = DP.single_process_step(demo)
+    torch.testing.assert_close(r0["params_after"], one["params_after"], rtol=1e-4, atol=1e-6)

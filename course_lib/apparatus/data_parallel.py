@@ -3,7 +3,8 @@
 Each worker runs on every rank of ``course_lib.distributed.launch`` and returns what the rank holds
 at each stage, so the notebook can show it. They live in a module (not in the notebook) because
 spawned processes can only run importable functions. ``sharding_worker`` reads a shard;
-``ddp_step_worker`` takes one DDP step by hand; ``accelerate_worker`` does the same replication with
+``ddp_step_worker`` takes one DDP step by hand (the lesson shows it line for line; ``local_batch`` and
+``StageRecord`` are its data and its recorder); ``accelerate_worker`` does the same replication with
 ``accelerator.prepare(model)`` and evaluates with ``gather`` and ``gather_for_metrics``;
 ``step_and_eval_worker`` runs the last two in one launch (one process start instead of two).
 """
@@ -16,11 +17,13 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader
 
+from course_lib import data, models
 from course_lib.devices import to_device
 from course_lib.distributed import (
     ShardedLoader,
-    average_gradients,
     disable_dropout,
     flat_grads,
     flat_params,
@@ -49,8 +52,6 @@ class StepDemo:
 
 def demo_rows(rows: int, model: str | None = None):
     """The first ``rows`` tokenised training rows and their tokenizer (the course data and model)."""
-    from course_lib import data, models
-
     tokenizer = models.load_tokenizer(model)
     split = data.load_mrpc()["train"].select(range(rows))
     return data.tokenize_dataset(split, tokenizer), tokenizer
@@ -58,8 +59,6 @@ def demo_rows(rows: int, model: str | None = None):
 
 def sharding_worker(rank: int, world_size: int, rows: int, batch_size: int, seed: int = 0) -> dict:
     """Which dataset rows this rank's ``ShardedLoader`` reads in epoch 0 (row indices per batch)."""
-    from course_lib import data
-
     tokenized, tokenizer = demo_rows(rows)
     loader = ShardedLoader(
         tokenized, batch_size, data.make_collator(tokenizer), world_size, rank, shuffle=True, seed=seed
@@ -77,70 +76,81 @@ def _sgd_step(model: torch.nn.Module, lr: float) -> None:
                 p -= lr * p.grad
 
 
+def local_batch(
+    global_batch: int, rank: int, world_size: int, device: torch.device, model: str | None = None
+) -> tuple[list[int], dict]:
+    """Data sharding: this rank's rows of the first ``global_batch`` training rows, collated on ``device``."""
+    tokenized, tokenizer = demo_rows(global_batch, model)
+    rows = shard_indices(global_batch, world_size, rank)
+    return rows, to_device(data.make_collator(tokenizer)([tokenized[i] for i in rows]), device)
+
+
+class StageRecord:
+    """What one rank holds at each stage of a step: flat fp32 CPU copies of its parameters or gradients."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.held: dict[str, torch.Tensor] = {}
+
+    def params(self, stage: str) -> None:
+        """Record the parameters as ``params_<stage>``."""
+        self.held[f"params_{stage}"] = flat_params(self.model)
+
+    def grads(self, stage: str) -> None:
+        """Record the gradients as ``grad_<stage>``."""
+        self.held[f"grad_{stage}"] = flat_grads(self.model)
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        return self.held[key]
+
+    def result(self, **extra) -> dict:
+        """Everything recorded, ``extra``, whether ``params_after`` is the same on every rank, the slices."""
+        return {
+            **self.held,
+            **extra,
+            "same_params_all_ranks": same_on_all_ranks(self.held["params_after"]),
+            "slices": {k: (s.start, s.stop) for k, s in param_slices(self.model).items()},
+        }
+
+
 def ddp_step_worker(rank: int, world_size: int, demo: StepDemo) -> dict:
-    """One data-parallel step on this rank, recording what the rank holds at each stage."""
-    from torch.nn.parallel import DistributedDataParallel
-
-    from course_lib import data, models
-
+    """One data-parallel step on this rank; ``held`` records what the rank holds at each stage."""
     device = rank_device(rank)
-    # A different seed on each rank on purpose: without a broadcast the replicas would differ.
-    torch.manual_seed(demo.seed + rank)
-    # no dropout: every backward of the same batch gives the same gradients
-    model = disable_dropout(models.load_model(demo.model)).to(device)
-    params_own_init = flat_params(model)
+    torch.manual_seed(demo.seed + rank)  # a different seed on each rank, on purpose: DDP must fix that
+    model = disable_dropout(models.load_model(demo.model)).to(device)  # no dropout: repeatable gradients
+    held = StageRecord(model)
+    held.params("own_init")
     ddp = DistributedDataParallel(model)  # broadcasts rank 0's parameters and buffers to every rank
-    params_start = flat_params(model)
+    held.params("start")
+    rows, batch = local_batch(demo.global_batch, rank, world_size, device, demo.model)  # this rank's rows
 
-    # Data sharding: this rank's rows of the global batch.
-    tokenized, tokenizer = demo_rows(demo.global_batch, demo.model)
-    rows = shard_indices(demo.global_batch, world_size, rank)
-    batch = to_device(data.make_collator(tokenizer)([tokenized[i] for i in rows]), device)
-
-    # Model replication: forward and backward on the local shard, no communication (no_sync).
-    with ddp.no_sync():
+    with ddp.no_sync():  # replication: forward and backward on this rank's rows, no communication
         loss = ddp(**batch).loss
         loss.backward()
-    grad_local = flat_grads(model)
+    held.grads("local")
 
-    # Gradient aggregation, by hand: all-reduce (sum) and divide by the number of ranks.
-    average_gradients(model)
-    grad_averaged = flat_grads(model)
+    for p in model.parameters():  # gradient aggregation by hand: sum over the ranks, then divide
+        dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)  # every rank receives the sum
+        p.grad /= world_size
+    held.grads("averaged")
 
-    # The same, done by DDP itself: a normal backward all-reduces the gradients in buckets.
-    # else DDP's backward would add onto the averaged gradients
-    model.zero_grad(set_to_none=True)
-    ddp(**batch).loss.backward()
-    grad_ddp = flat_grads(model)
+    model.zero_grad(set_to_none=True)  # else DDP's backward would add onto the averaged gradients
+    ddp(**batch).loss.backward()  # the same, done by DDP: a plain backward all-reduces in buckets
+    held.grads("ddp")
 
-    # Parameter sync, DDP style: every rank applies the same averaged gradient.
-    _sgd_step(model, demo.lr)
-    params_after = flat_params(model)
+    with torch.no_grad():  # parameter sync, DDP style: every rank applies the same averaged gradient
+        for p in model.parameters():
+            p -= demo.lr * p.grad  # plain SGD, so the update is easy to check
+    held.params("after")
 
-    # Parameter sync, as on the slide: rank 0 aggregates, updates and shares the parameters.
-    # reduce overwrites its tensor in place; nccl needs it on the GPU
-    grad_sum = grad_local.clone().to(device)
+    # Parameter sync as on the slide: rank 0 sums the local gradients, updates, shares the parameters.
+    grad_sum = held["grad_local"].clone().to(device)  # reduce overwrites it; nccl needs it on the GPU
     dist.reduce(grad_sum, dst=0, op=dist.ReduceOp.SUM)
-    shared = params_start.clone().to(device)
-    if rank == 0:
-        # only rank 0's reduced sum is complete; the broadcast overwrites the others
+    shared = held["params_start"].clone().to(device)
+    if rank == 0:  # only rank 0's reduced sum is complete; the broadcast overwrites the others
         shared -= demo.lr * grad_sum / world_size
     dist.broadcast(shared, src=0)
-
-    return {
-        "rank": rank,
-        "rows": rows,
-        "loss": loss.item(),
-        "params_own_init": params_own_init,
-        "params_start": params_start,
-        "grad_local": grad_local,
-        "grad_averaged": grad_averaged,
-        "grad_ddp": grad_ddp,
-        "params_after": params_after,
-        "params_after_rank0_update": shared.cpu(),
-        "same_params_all_ranks": same_on_all_ranks(params_after),
-        "slices": {k: (s.start, s.stop) for k, s in param_slices(model).items()},
-    }
+    return held.result(rank=rank, rows=rows, loss=loss.item(), params_after_rank0_update=shared.cpu())
 
 
 @dataclass
@@ -163,10 +173,6 @@ class EvalDemo:
 
 def eval_loader(demo: EvalDemo):
     """A plain DataLoader over the first ``demo.rows`` validation rows, in order (not yet prepared)."""
-    from torch.utils.data import DataLoader
-
-    from course_lib import data, models
-
     tokenizer = models.load_tokenizer(demo.model)
     split = data.load_mrpc()["validation"].select(range(demo.rows))
     tokenized = data.tokenize_dataset(split, tokenizer)
@@ -194,8 +200,6 @@ def gather_predictions(model, loader, accelerator) -> dict[str, torch.Tensor]:
 def accelerate_worker(rank: int, world_size: int, demo: EvalDemo) -> dict:
     """The slide's ``model = accelerator.prepare(model)`` on this rank, then an evaluation with gathering."""
     from accelerate import Accelerator
-
-    from course_lib import models
 
     # Accelerate resets the thread count of CPU processes unless OMP_NUM_THREADS says it: keep the launch's.
     os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
@@ -231,8 +235,6 @@ def step_and_eval_worker(rank: int, world_size: int, step: StepDemo, evaluation:
 
 def single_process_predictions(demo: EvalDemo) -> dict[str, torch.Tensor]:
     """The reference: one process, rank 0's initial weights, every row once, in order."""
-    from course_lib import models
-
     torch.manual_seed(demo.seed)  # rank 0's seed: prepare (DDP) copies rank 0's weights to every rank
     model = models.load_model(demo.model).eval()
     preds, labels = [], []
@@ -245,8 +247,6 @@ def single_process_predictions(demo: EvalDemo) -> dict[str, torch.Tensor]:
 
 def single_process_step(demo: StepDemo) -> dict:
     """The reference: one process, the whole global batch, the same SGD step (rank 0's initial weights)."""
-    from course_lib import data, models
-
     torch.manual_seed(demo.seed)  # rank 0's seed: DDP copies rank 0's weights to every rank
     model = disable_dropout(models.load_model(demo.model))
     params_start = flat_params(model)
