@@ -5,6 +5,7 @@ This package imports ``course_lib``; ``course_lib`` never imports it (``tests/te
 release       generate the student release ``exercises/`` from ``solutions/``; check it for drift
 grading       nbgrader preprocessors the course's grading uses (``nbgrader_config.py``)
 nbtools       execute lessons in place, strip metadata, detect stale outputs, record run times
+checked_outputs  which checked cells of the lessons differ on this machine (scripts/gpu_check.sh on a GPU)
 freshness     what a lesson's outputs depend on (its course_lib modules, pinned libraries); explained stderr
 sections      generated sections of the docs: rendered from a committed record, drift checks
 experiments   measure what pretraining buys (README's "pretrained" block and its record)

@@ -2,8 +2,8 @@
 # Check every GPU path of the course on a machine with a CUDA GPU, in one call, and print one table:
 #   cuda placement, fp16 with GradScaler, bf16, torchrun with nccl (1 and N processes), the techniques
 #   of lessons 04-06 (8-bit AdamW, checkpointing; bf16 compression hook and local SGD with N GPUs),
-#   the benchmark on CUDA (--quick), the time-to-accuracy ladder on CUDA, and the lessons executed on
-#   the GPU (in a temporary copy).
+#   the benchmark on CUDA (--quick), the time-to-accuracy ladder on CUDA, and every lesson run on the
+#   GPU under nbval, each checked cell whose output differs from the committed one listed.
 # Usage (from the repository root, with the course installed in .venv or the active Python):
 #   bash scripts/gpu_check.sh            # writes gpu-check/ (logs, summary.md) and prints the table
 #   OUT=/tmp/gpu bash scripts/gpu_check.sh
@@ -103,12 +103,14 @@ check bench-quick "$PY" -m course_lib.cli.bench --device cuda --quick --json "$O
 # The time-to-accuracy ladder on the GPU: bf16 (or fp16) and torch.compile take their real turns there.
 check recipe "$PY" -m course_lib.cli.recipe --device cuda --json "$OUT/recipe.json" --markdown "$OUT/recipe.md"
 
-mkdir -p "$OUT/lessons"
+# The lessons on the GPU under nbval, against their committed (CPU) outputs: a checked cell must print
+# what holds on every device, so each one that differs here is a DIFF line in $OUT/lesson-NAME.log
+# (cell, committed and GPU output) and the row fails. Nothing is written back into notebooks/.
 for nb in notebooks/0*.ipynb; do
   name=$(basename "$nb" .ipynb)
-  check "lesson-$name" "$PY" -m jupyter nbconvert --to notebook --execute "$nb" \
-    --output-dir "$OUT/lessons" --ExecutePreprocessor.timeout=600
+  check "lesson-$name" "$PY" -m course_tools.checked_outputs "$nb"
 done
+grep -h '^DIFF ' "$OUT"/lesson-*.log > "$OUT/checked-output-diffs.txt" 2>/dev/null || true
 
 echo
 cat "$SUMMARY"
