@@ -43,11 +43,16 @@ def list_checkpoints(output_dir: str | Path) -> list[tuple[int, Path]]:
 
 
 def find_resume_checkpoint(resume: str | None, output_dir: str | Path) -> Path | None:
-    """The folder ``--resume`` points at (None without ``--resume``); a clear error if there is none."""
+    """The folder ``--resume`` points at (None without ``--resume``); a clear error if there is none.
+
+    ``"latest"``: the newest complete checkpoint in ``output_dir``; ``"auto"``: the same, or None when
+    there is none yet (a job that torchrun may restart: the first attempt starts at step 0)."""
     if resume is None:
         return None
-    if resume == "latest":
+    if resume in ("latest", "auto"):
         found = list_checkpoints(output_dir)
+        if not found and resume == "auto":
+            return None
         if not found:
             raise FileNotFoundError(
                 f"--resume: no checkpoint in {output_dir}. Start without --resume, or pass "

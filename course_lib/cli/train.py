@@ -63,6 +63,28 @@ def resolve_precision(precision: str | None, cpu: bool) -> str:
     return precision
 
 
+def check_launch(env: dict[str, str] | None = None) -> None:
+    """Refuse a torchrun launch whose nodes disagree, before any process group forms.
+
+    torchrun joins whatever its nodes bring: one node started with ``--nproc-per-node 2`` beside one with
+    1 makes a group of 3 (measured, torch 2.13), with another global batch and another epoch length
+    than either command says. Every node must run the same number of processes; a rank must be below
+    the world size."""
+    env = os.environ if env is None else env
+    if "GROUP_WORLD_SIZE" not in env:  # not a torchrun (or accelerate launch) worker
+        return
+    world, local, nodes = (int(env[k]) for k in ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE"))
+    rank, node = int(env.get("RANK", "0")), int(env.get("GROUP_RANK", "0"))
+    if world != local * nodes:
+        raise ValueError(
+            f"the nodes run different numbers of processes: {world} in all over {nodes} node(s), {local} on "
+            f"this one (node rank {node}). Start every node with the same --nproc-per-node (accelerate "
+            "launch: the same --num_processes and --num_machines on every machine)."
+        )
+    if not 0 <= rank < world:
+        raise ValueError(f"RANK {rank} is outside WORLD_SIZE {world}: --node-rank must be 0..--nnodes - 1.")
+
+
 def make_accelerator(cfg: RunConfig):
     """An ``Accelerator`` for this run: it joins whatever process group the launcher set up.
 
@@ -71,6 +93,7 @@ def make_accelerator(cfg: RunConfig):
     """
     from accelerate import Accelerator
 
+    check_launch()
     launched = int(os.environ.get("WORLD_SIZE", "1"))  # what torchrun / accelerate launch started
     # Without CUDA, Accelerate joins a multi-process launch only when told cpu=True (MULTI_CPU, gloo).
     cpu = cfg.cpu or (launched > 1 and not torch.cuda.is_available())
@@ -171,6 +194,14 @@ def run(cfg: RunConfig) -> dict[str, Any]:
         accelerator.end_training()
         return {"steps_run": 0, "start_step": start_step}
 
+    # torchrun --max-restarts N numbers each attempt of the worker group (0: the first)
+    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    stopping = (  # --stop-after-steps simulates one crash: a group torchrun restarted runs to the end
+        cfg.stop_after_steps is not None
+        and restarts == 0
+        and cfg.stop_rank in (None, accelerator.process_index)
+    )
+
     def on_step(step: int) -> None:
         if step % cfg.save_every == 0 or step == steps:
             path = checkpoints.save_checkpoint(
@@ -184,8 +215,12 @@ def run(cfg: RunConfig) -> dict[str, Any]:
                 per_rank_optimizer=bool(t.local_sgd_steps),  # each rank's own state under local SGD
             )
             log(f"step {step}: checkpoint {path}")
-        if cfg.stop_after_steps is not None and step >= cfg.stop_after_steps and step < steps:
-            log(f"--stop-after-steps {cfg.stop_after_steps}: exiting at step {step} as if killed")
+        if stopping and step >= cfg.stop_after_steps and step < steps:
+            print(  # from the rank that dies (log() prints on the main process only)
+                f"--stop-after-steps {cfg.stop_after_steps}: rank {accelerator.process_index} exiting at "
+                f"step {step} as if killed",
+                flush=True,
+            )
             sys.stdout.flush()
             os._exit(EXIT_STOPPED)  # no clean-up at all, like SIGKILL
 
@@ -220,6 +255,7 @@ def run(cfg: RunConfig) -> dict[str, Any]:
         "parameters_per_process": held,
         "global_batch": global_batch,
         "start_step": start_step,
+        "restarts": restarts,
         "steps_run": len(history.losses),
         "wall_s": wall_s,
         "losses": history.losses,

@@ -89,8 +89,9 @@ class RunConfig:
     output_dir: str = "runs/train"
     save_every: int = 100  # optimizer steps between checkpoints (and always at the end)
     keep_checkpoints: int = 2
-    resume: str | None = None  # "latest" (in output_dir) or a checkpoint folder
+    resume: str | None = None  # "latest" / "auto" (in output_dir) or a checkpoint folder
     stop_after_steps: int | None = None  # simulate a crash after this step (tests, lessons)
+    stop_rank: int | None = None  # with stop_after_steps: only this rank dies; None: every rank
     cpu: bool = False
     padding: str = "dynamic"  # "dynamic" (each batch to its longest row) | "max_length" (all to max_length)
     pad_multiple: int | None = (
@@ -103,6 +104,8 @@ class RunConfig:
         for name in ("batch_size", "max_length", "save_every", "keep_checkpoints"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}.")
+        if self.stop_rank is not None and (self.stop_rank < 0 or self.stop_after_steps is None):
+            raise ValueError("--stop-rank needs --stop-after-steps and a rank >= 0.")
         for name in ("train_rows", "eval_rows", "stop_after_steps"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -206,9 +209,18 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
         nargs="?",
         const="latest",
         default=None,
-        help="continue from a checkpoint folder, or the newest one in --output-dir (no value / 'latest')",
+        help="continue from a checkpoint folder, or the newest one in --output-dir (no value / 'latest'); "
+        "'auto': the newest one if there is one, else start at step 0 (for torchrun --max-restarts)",
     )
-    p.add_argument("--stop-after-steps", type=int, default=None, help="exit with status 3 after step N")
+    p.add_argument(
+        "--stop-after-steps",
+        type=int,
+        default=None,
+        help="exit with status 3 after step N, as if killed (not again in a group torchrun restarted)",
+    )
+    p.add_argument(
+        "--stop-rank", type=int, default=None, help="with --stop-after-steps: only this rank exits"
+    )
     p.add_argument("--cpu", action="store_true", help="train on the CPU even if GPUs are present")
     recipe = _add_train_options(p)[RECIPE]
     recipe.add_argument(
