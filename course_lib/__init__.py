@@ -26,7 +26,8 @@ estimator        bytes per device from the memory model, as an interactive stack
 training/        the course's one way to train, a file per technique (its own map names them)
 instruments/     each measured quantity, defined once (its own map names them)
 apparatus/       what a lesson measures around the code it shows: workers' shells, counters, table rows
-benchmark/       what the benchmark and time-to-accuracy commands measure (its own map names them)
+benchmark/       the benchmark command's four ways to write one fine-tuning step (its own map names them)
+recipe_ladder/   time to accuracy, one efficiency change per rung: lesson 07 and its command (its own map)
 cli/             command-line programs: ``python -m course_lib.cli.<name>`` (its own map names them)
 """
 

@@ -237,7 +237,7 @@ GENERATED: tuple[Generated, ...] = (
         "docs/results/recipe.json",
         "python -m course_lib.cli.recipe --json docs/results/recipe.json"
         " && python -m course_tools.sections render recipe",
-        renderer="course_lib.benchmark.recipe:markdown_report",
+        renderer="course_lib.recipe_ladder.report:recipe_report",
     ),
 )
 

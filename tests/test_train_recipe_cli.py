@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from course_lib.benchmark import recipe, rungs
 from course_lib.cli import train as train_cli
+from course_lib.recipe_ladder import recipe, rungs, runs
 
 
 @pytest.mark.slow
@@ -23,8 +23,8 @@ from course_lib.cli import train as train_cli
 )
 def test_the_printed_command_trains_what_the_ladder_trained(stack, tmp_path):
     cfg = recipe.RecipeConfig(batch_size=16, train_rows=64, eval_rows=32, eval_every=2, lr=1e-3)
-    prepared = rungs.prepare(cfg)
-    ladder_run = rungs.accuracy_run(stack, prepared, cfg, cfg.seed, torch.device("cpu"))
+    prepared = runs.prepare(cfg)
+    ladder_run = runs.accuracy_run(stack, prepared, cfg, cfg.seed, torch.device("cpu"))
     flags = rungs.cli_flags(stack, cfg, train_rows=len(prepared.train))
     out = tmp_path / "run"
     assert train_cli.main([*flags, "--output-dir", str(out), "--no-progress", "--save-every", "1000"]) == 0

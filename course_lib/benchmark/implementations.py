@@ -66,7 +66,7 @@ def _slides_optimizer(model: torch.nn.Module, spec: RunSpec):
     return optimizer, torch.optim.lr_scheduler.LinearLR(optimizer, 1.0, 0.0, total_iters=spec.steps)
 
 
-def train_pytorch(model: torch.nn.Module, dataset: Dataset, spec: RunSpec) -> RunOutput:
+def train_slides_pytorch(model: torch.nn.Module, dataset: Dataset, spec: RunSpec) -> RunOutput:
     """The slides' hand-written loop (``course_lib.training.slides.train_pytorch``)."""
     seed_everything(spec.seed)
     model.to(spec.device)
@@ -78,7 +78,7 @@ def train_pytorch(model: torch.nn.Module, dataset: Dataset, spec: RunSpec) -> Ru
     return RunOutput(losses, spec.precision != "no", _optimizer_name(optimizer))
 
 
-def train_accelerate(model: torch.nn.Module, dataset: Dataset, spec: RunSpec) -> RunOutput:
+def train_slides_accelerate(model: torch.nn.Module, dataset: Dataset, spec: RunSpec) -> RunOutput:
     """The slides' loop through ``Accelerator(mixed_precision=...)`` (``slides.train_accelerate``)."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*does nothing.*")  # fp16 on CPU: reported as amp_active
@@ -163,8 +163,8 @@ def train_course(model: torch.nn.Module, dataset: Dataset, spec: RunSpec) -> Run
 
 
 TRAINERS: dict[str, Callable[[torch.nn.Module, Dataset, RunSpec], RunOutput]] = {
-    "pytorch": train_pytorch,
-    "accelerate": train_accelerate,
+    "pytorch": train_slides_pytorch,
+    "accelerate": train_slides_accelerate,
     "trainer": train_trainer,
     "course": train_course,
 }

@@ -50,7 +50,7 @@ def format_cell(value: float | None, spec: str, suffix: str = "", missing: str =
     )
 
 
-def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
+def bench_table(rows: Sequence[dict[str, Any]]) -> str:
     """The rows as a markdown table, one line per (size, precision, implementation)."""
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for r in rows:
@@ -177,7 +177,7 @@ def markdown_report(
         f"median step time{took}. {mem_note}MFU: 6N FLOPs per token over the measured matmul peak of "
         "the dtype the row computed in."
     )
-    return f"{header}\n\n{markdown_table(rows)}\n"
+    return f"{header}\n\n{bench_table(rows)}\n"
 
 
 def make_record(

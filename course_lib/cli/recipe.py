@@ -2,7 +2,7 @@
 
 The slides' settings set a target validation accuracy; each rung of the ladder adds one change, and
 its time to the target is measured as examples to target (over seeds) over examples per second (in
-interleaved rounds) (``course_lib.benchmark.recipe``). The last line printed is the recommended recipe
+interleaved rounds) (``course_lib.recipe_ladder``). The last line printed is the recommended recipe
 as one ``python -m course_lib.cli.train`` command. ``--quick`` is a smoke run; ``--json`` writes
 the run's record, ``--markdown`` and ``--plot`` its report.
 """
@@ -14,17 +14,13 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from course_lib.benchmark.recipe import (
-    RecipeConfig,
-    markdown_report,
-    plot,
-    quick_config,
-    run_ladder,
-)
 from course_lib.benchmark.report import save_record
-from course_lib.benchmark.rungs import RUNG_NAMES
 from course_lib.cli import add_output_arguments, comma_list
 from course_lib.devices import describe_machine, format_machine
+from course_lib.recipe_ladder.ladder_runs import run_ladder
+from course_lib.recipe_ladder.recipe import RecipeConfig, quick_recipe_config
+from course_lib.recipe_ladder.report import plot_ladder, recipe_report
+from course_lib.recipe_ladder.rungs import RUNG_NAMES
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[RecipeConfig, argparse.Namespace]:
@@ -73,7 +69,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[RecipeConfig, argparse.Na
     names += ("rounds", "min_gain", "timed_steps", "large_batch", "rungs", "seed", "device")
     # only the flags given: the rest keep the preset's (--quick) or RecipeConfig's values
     overrides = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
-    cfg = quick_config(**overrides) if args.quick else RecipeConfig(**overrides)
+    cfg = quick_recipe_config(**overrides) if args.quick else RecipeConfig(**overrides)
     return cfg, args
 
 
@@ -86,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     print(format_machine(describe_machine()))
     print(f"\nconfig: {asdict(cfg)}\n", flush=True)
     record = run_ladder(cfg, log=lambda line: print(line, flush=True))  # a failing rung raises
-    report = markdown_report(record)  # what a committed record renders into the README, too
+    report = recipe_report(record)  # what a committed record renders into the README, too
     print("\n" + report)
     print(f"recommended recipe: {record['final']['command']}")
     if args.json:
@@ -95,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
         Path(args.markdown).write_text(report, encoding="utf-8")
     if args.plot:
-        plot(record, args.plot)
+        plot_ladder(record, args.plot)
     return 0
 
 

@@ -1,143 +1,14 @@
-"""Time to accuracy: the recipe ladder behind ``python -m course_lib.cli.recipe`` (README, "Time to accuracy").
-
-Time to target = examples to target / examples per second (+ compilation, where a stack compiles),
-each factor measured the way it is stable:
-
-* **Examples per second**: each rung is timed against the stack before it in ``rounds`` short,
-  interleaved rounds (A B, B A, A B, ...), so load on the machine hits both alike; the rung's gain
-  is taken per round (paired).
-* **Examples to target**: from the evaluation schedule, over ``seeds`` seeds (median and range), for
-  the rungs that change the optimisation (length grouping, mixed precision, a larger batch). The
-  rungs that change only the kernels or the padding (``rungs.SAME_FUNCTION``) compute the same
-  function, so their examples to target are those of the stack before them.
-
-Target: the lowest final validation accuracy of the slides' settings over the seeds, less
-``tolerance_se`` binomial standard errors of the validation set (counted in validation rows). The
-decision, keep / drop / within noise, and its reasons: ``ladder_runs.decide``. The recommended recipe
-is the last kept stack; it is measured once more against the slides' settings, interleaved the same way.
-"""
+"""The ladder's record as text: the README section (``recipe_report``), its table, the verdict, the chart,
+and the flat rows lesson 07 prints (``throughput_rows``, ``examples_rows``, ``decision_rows``)."""
 
 from __future__ import annotations
 
-import statistics
-from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from course_lib.benchmark.ladder_runs import MIN_GAIN, OUTLIERS, seconds_to_target, spread
-from course_lib.benchmark.ladder_runs import run_ladder as ladder_run
 from course_lib.benchmark.report import format_cell
-from course_lib.benchmark.rungs import RUNG_NAMES
-
-RECIPE_ABOUT = (
-    "One run of the recipe ladder (time to a fixed validation accuracy as examples to target over seeds and "
-    "examples per second over interleaved rounds, rung by rung), written by `python -m course_lib.cli.recipe "
-    "--json PATH`. The README's recipe section is rendered from docs/results/recipe.json by "
-    "`python -m course_tools.sections render recipe` (no measuring). See docs/results/README.md."
-)
-SPEEDUP_TARGET = 1.5  # the recipe vs the slides' settings, time to the target
-RAN = ("reference", "kept", "dropped", "within noise")  # statuses of rows that were measured
-
-
-@dataclass
-class RecipeConfig:
-    """One ladder run (logged with ``asdict`` in the record)."""
-
-    epochs: int = 1  # the budget of every accuracy run
-    batch_size: int = 32
-    lr: float = 5e-4  # x sqrt(batch multiple) on the large-batch rung; linear warm-up and decay
-    weight_decay: float = 0.01
-    max_length: int = 128  # rung 1 pads every batch to this
-    eval_every: int = 8  # batches of batch_size training examples between evaluations
-    train_rows: int | None = None  # None: the whole train split (rounded down to whole large batches)
-    eval_rows: int | None = None  # None: the whole validation split
-    tolerance_se: float = 1.0  # target = lowest final correct rows of rung 1 less this many standard errors
-    seeds: int = 3  # accuracy runs per optimisation setting (seed, seed + 1, ...)
-    rounds: int = 5  # interleaved throughput rounds per comparison (>= 5: an interval without the extremes)
-    min_gain: float = MIN_GAIN  # the smallest gain worth changing the recipe for (ladder_runs.decide)
-    warmup_steps: int = 1  # untimed steps at the start of each throughput run
-    # batches of batch_size rows timed in each throughput run: the same rows for every stack (rungs.timed_rows)
-    timed_steps: int = 6
-    large_batch: int = 2  # the large-batch rung's batch multiple
-    rungs: tuple[str, ...] = RUNG_NAMES  # the rungs to run; the others get a row saying so
-    seed: int = 0
-    device: str | None = None
-
-    def __post_init__(self) -> None:
-        self.rungs = tuple(self.rungs)
-        unknown = [r for r in self.rungs if r not in RUNG_NAMES]
-        if unknown:
-            raise ValueError(
-                f"Unknown rung(s) {', '.join(unknown)}: use some of {', '.join(RUNG_NAMES)} (--rungs)."
-            )
-        if "slides" not in self.rungs:
-            raise ValueError("The ladder needs rung 'slides': its runs set the target and the time to beat.")
-        for name in ("epochs", "batch_size", "eval_every", "large_batch", "max_length", "timed_steps"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
-        if self.seeds < 3:
-            raise ValueError(f"seeds must be >= 3 (a median and a range), got {self.seeds}.")
-        if self.rounds < 2 * OUTLIERS + 3:
-            raise ValueError(
-                f"rounds must be >= {2 * OUTLIERS + 3} (an interval that leaves {OUTLIERS} round out at each "
-                f"end and still has a round each side of the median), got {self.rounds}."
-            )
-        if not self.min_gain > 1:
-            raise ValueError(
-                f"min_gain must be above 1 (the smallest gain worth changing the recipe for), got {self.min_gain}."
-            )
-        if self.warmup_steps < 1:
-            raise ValueError(f"warmup_steps must be >= 1 (first-use costs), got {self.warmup_steps}.")
-        if self.eval_every % self.large_batch:
-            raise ValueError(
-                f"eval_every ({self.eval_every}) must be a multiple of large_batch ({self.large_batch}), so that "
-                "every rung evaluates after the same training examples."
-            )
-        if self.lr <= 0 or self.tolerance_se < 0:
-            raise ValueError(
-                f"lr must be positive and tolerance_se >= 0, got {self.lr} and {self.tolerance_se}."
-            )
-
-
-def quick_config(**overrides: Any) -> RecipeConfig:
-    """The smoke-test preset: 256 rows, batch 16, no compile, short throughput rounds (under a minute)."""
-    settings: dict[str, Any] = {
-        "batch_size": 16,
-        "lr": 1e-3,
-        "eval_every": 4,
-        "train_rows": 256,
-        "eval_rows": 128,
-        "timed_steps": 3,
-        "rungs": tuple(r for r in RUNG_NAMES if r != "compile"),
-    }
-    return RecipeConfig(**{**settings, **overrides})
-
-
-def run_ladder(cfg: RecipeConfig, log=print, measure=None) -> dict[str, Any]:
-    """Run the ladder per ``cfg`` (``ladder_runs.run_ladder``); return its record, ready to write."""
-    return {"about": RECIPE_ABOUT, **ladder_run(cfg, log, measure)}
-
-
-# ---------------------------------------------------------------------------------------------
-# Reading a record
-
-
-def setting(record: dict[str, Any], name: str) -> Any:
-    """One setting of a record's run (a setting the record lacks takes ``RecipeConfig``'s default).
-
-    Read without ``RecipeConfig``'s checks: a record written under older limits still renders.
-    """
-    defaults = {f.name: f.default for f in fields(RecipeConfig)}
-    return record.get("config", {}).get(name, defaults[name])
-
-
-def rule(record: dict[str, Any]) -> dict[str, Any] | None:
-    """The decision rule a record was decided by (``ladder_runs.decide``); None: the rule before it.
-
-    Records without ``"rule"`` were decided by the range over rounds x seeds (kept when its smallest
-    gain was above 1, dropped when its largest was below 1): their text says so.
-    """
-    return record.get("rule")
+from course_lib.recipe_ladder.decision import median_examples, spread
+from course_lib.recipe_ladder.recipe import SPEEDUP_TARGET, recipe_gain, rule, setting, time_to_target
 
 
 def _spread_word(record: dict[str, Any]) -> str:
@@ -163,8 +34,14 @@ def gain_rule_sentence(record: dict[str, Any]) -> str:
         f"distribution-free {r['interval_coverage']:.1%} interval for the median round: one outlying round "
         f"moves neither end past the next). A rung is kept when its median gain is at least {r['min_gain']:.2f}x "
         f"(the smallest gain worth changing the recipe for, stated in advance) and its interval lies above 1, "
-        f"dropped when the median is at most {1 / r['min_gain']:.2f}x with the interval below 1 or when a seed "
-        "misses the target, and within noise (not kept) otherwise."
+        f"dropped when the median is at most {1 / r['min_gain']:.2f}x with the interval below 1 or when "
+        + (
+            "the median seed misses the target or a seed ends more than one standard error under it (a seed that "
+            "missed counts as later than every seed that reached it), "
+            if r.get("misses")
+            else "a seed misses the target, "
+        )
+        + "and within noise (not kept) otherwise."
     )
 
 
@@ -175,11 +52,6 @@ def _names(rows: list[dict[str, Any]], statuses: tuple[str, ...], why: bool = Fa
         if r["status"] in statuses
     ]
     return ", ".join(found) or "none"
-
-
-def recipe_gain(record: dict[str, Any]) -> dict[str, float]:
-    """The recipe's gain over the slides' settings: median, low, high (time to target, paired)."""
-    return record["final"]["gain"]
 
 
 def verdict(record: dict[str, Any]) -> list[str]:
@@ -225,7 +97,7 @@ def _examples(values: list[int | None] | None) -> str:
     return text + (f", {missed} missed" if missed and reached else "")
 
 
-COLUMNS = (
+LADDER_COLUMNS = (
     "rung",
     "change",
     "status",
@@ -238,20 +110,9 @@ COLUMNS = (
 )
 
 
-def time_to_target(row: dict[str, Any]) -> float | None:
-    """Median examples to target over median examples per second, plus one-off seconds."""
-    reached = [v for v in row.get("examples_to_target") or [] if v is not None]
-    # a seed that missed the target: no time to target (as decide drops the rung)
-    if not reached or not row.get("examples_per_s") or len(reached) < len(row["examples_to_target"]):
-        return None
-    return seconds_to_target(
-        statistics.median(reached), statistics.median(row["examples_per_s"]), row.get("once_s", 0.0)
-    )
-
-
-def markdown_table(record: dict[str, Any]) -> str:
+def ladder_table(record: dict[str, Any]) -> str:
     """One line per rung: its change, status, the two factors with their spreads, the gain."""
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines = ["| " + " | ".join(LADDER_COLUMNS) + " |", "|" + "---|" * len(LADDER_COLUMNS)]
     for r in record["rows"]:
         status = r["status"] if r["status"] in ("reference", "kept") else f"{r['status']}: {r['reason']}"
         examples = _examples(r.get("examples_to_target"))
@@ -293,18 +154,22 @@ def _timed_sentence(record: dict[str, Any]) -> str:
     return f"{setting(record, 'timed_steps')} timed steps (the epoch's first batches of each stack)"
 
 
-def markdown_report(record: dict[str, Any]) -> str:
+def recipe_report(record: dict[str, Any]) -> str:
     """The README section: how it was measured, the table, the verdict."""
     load, machine = record.get("load_average") or [], record["machine"]
     if len(load) == 2 and None not in load:
         machine += f" (1-minute load average {load[0]:.1f} at the start, {load[1]:.1f} at the end"
         machine += f", {record['cores']} cores)" if record.get("cores") else ")"
+    if "omp_wait_policy" in record:  # records before it do not say
+        machine += f", OMP_WAIT_POLICY={record['omp_wait_policy'] or 'unset'}"
     batch, every = setting(record, "batch_size"), setting(record, "eval_every")
+    share = record["target"].get("eval_step_share")
+    resolved = f" ({share:.0%} of rung 1's median examples to target)" if share is not None else ""
     header = (
         f"Measured on {machine}, {record['date']}; the whole run took {record['seconds'] / 60:.1f} min. "
         f"Target: {target_sentence(record)}. Every run: the same {record['train_rows']:,} training pairs, "
         f"{setting(record, 'epochs')} epoch(s), batch {batch}, lr {setting(record, 'lr'):g} (linear warm-up and "
-        f"decay) through the course loop, an evaluation every {every * batch:,} training examples. Examples to "
+        f"decay) through the course loop, an evaluation every {every * batch:,} training examples{resolved}. Examples to "
         f"target: median (range) over seeds {', '.join(map(str, record['seeds']))}, measured for the rungs that "
         "change the optimisation; the others compute the same function and take the stack before's. Examples/s: "
         f"median (range) over {setting(record, 'rounds')} rounds of {_timed_sentence(record)} "
@@ -314,13 +179,11 @@ def markdown_report(record: dict[str, Any]) -> str:
         + " Time to target: training only (evaluation not counted), compilation included."
     )
     return (
-        f"{header}\n\n{markdown_table(record)}\n\n"
-        + "\n".join(f"- {line}" for line in verdict(record))
-        + "\n"
+        f"{header}\n\n{ladder_table(record)}\n\n" + "\n".join(f"- {line}" for line in verdict(record)) + "\n"
     )
 
 
-def plot(record: dict[str, Any], path: str | Path | None = None, ax=None):
+def plot_ladder(record: dict[str, Any], path: str | Path | None = None, ax=None):
     """The ladder as bars: each rung's gain over the stack before it, with its interval (range, in older records)."""
     import matplotlib
 
@@ -357,3 +220,84 @@ def plot(record: dict[str, Any], path: str | Path | None = None, ax=None):
             fig.savefig(path, dpi=120)
             plt.close(fig)
     return ax
+
+
+# ---------------------------------------------------------------------------------------------
+# Flat rows for a notebook table (``tables.render_table``): one call prints each view of the record
+
+
+def _rung(r: dict[str, Any]) -> str:
+    return f"{r['rung']} {r['name']}"
+
+
+def decision_rows(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per rung: the code it sets, the machine's load when it started, its status, gain and reason."""
+    return [
+        {
+            "rung": _rung(r),
+            "sets": r.get("sets", "-"),
+            "load": "-" if r.get("load_average") is None else f"{r['load_average']:.1f}",
+            "status": r["status"],
+            "gain": _range(r.get("gain"), ".2f", "x"),
+            "reason": r["reason"],
+        }
+        for r in record["rows"]
+    ]
+
+
+def throughput_rows(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per measured rung: examples/s per round, their median, the per-round ratio to the stack before."""
+    out = []
+    for r in (r for r in record["rows"] if r.get("examples_per_s")):
+        before = r.get("before_examples_per_s")
+        ratios = [t / p for p, t in zip(before, r["examples_per_s"])] if before else []
+        out.append(
+            {
+                "rung": _rung(r),
+                "examples/s per round": " ".join(f"{x:.0f}" for x in r["examples_per_s"]),
+                "median": f"{spread(r['examples_per_s'])['median']:.0f}",
+                "ratio to the stack before per round": " ".join(f"{x:.2f}x" for x in ratios) or "-",
+                "median ratio (interval)": _range(r.get("throughput_ratio"), ".2f", "x"),
+            }
+        )
+    return out
+
+
+def examples_rows(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per rung with accuracy runs: examples to target per seed, their median, best correct rows per seed."""
+    out = []
+    for r in (r for r in record["rows"] if r.get("accuracy_runs")):
+        runs, examples = r["accuracy_runs"], r["examples_to_target"]
+        middle = median_examples(examples)
+        out.append(
+            {
+                "rung": _rung(r),
+                **{f"seed {run['seed']}": "missed" if e is None else e for run, e in zip(runs, examples)},
+                "median": "missed" if middle is None else f"{middle:g}",
+                "best correct per seed": " ".join(
+                    str(max(e["correct"] for e in run["evals"])) for run in runs
+                ),
+            }
+        )
+    return out
+
+
+def target_line(record: dict[str, Any]) -> str:
+    """The target, its standard error and how finely the evaluations resolve the examples to it."""
+    t = record["target"]
+    line = f"target: {target_sentence(record)}"
+    if "eval_step" in t:
+        line += f"; one evaluation every {t['eval_step']} examples = {t['eval_step_share']:.0%} of rung 1's median"
+    return line
+
+
+def plot_accuracy_runs(record: dict[str, Any], ax) -> None:
+    """Validation accuracy against training examples seen, every accuracy run, and the target."""
+    for r in record["rows"]:
+        for run in r.get("accuracy_runs", []):
+            examples, accuracy = [e["examples"] for e in run["evals"]], [e["accuracy"] for e in run["evals"]]
+            ax.plot(examples, accuracy, marker="o", ms=3, alpha=0.8, label=f"{_rung(r)} (seed {run['seed']})")
+    ax.axhline(record["target"]["accuracy"], color="black", ls="--", lw=1, label="target")
+    ax.set_xlabel("training examples seen")
+    ax.set_ylabel("validation accuracy")
+    ax.legend(fontsize=6, ncol=2)
