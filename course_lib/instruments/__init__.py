@@ -6,4 +6,5 @@ throughput  matmul GFLOP/s (the machine's peak), model FLOPs per token, tokens/s
 probe       ``StepProbe``: step time and peak memory of any loop (PyTorch, Accelerator, Trainer)
 memory      peak tensor memory of a step (CUDA allocator, CPU profiler); bytes saved for backward; optimizer state; model states; tensor bytes
 comm        collectives one rank sends (all-reduce, all-gather, reduce-scatter, broadcast): calls, bytes, dtypes, ring traffic
+replicas    how far data-parallel replicas are apart (distance, move, cosine), a loss averaged over the ranks
 """
