@@ -1,5 +1,9 @@
 """Lesson 06's demonstrations: what AdamW, Adafactor and 8-bit AdamW keep between steps, measured.
 
+The lesson builds the optimizers in its own cells (``torch.optim.AdamW(...)``, ``torch.optim.Adafactor(...)``,
+``bitsandbytes.optim.AdamW8bit(...)``) and reads ``optimizer.state[param]`` there; this module counts and
+tabulates around them:
+
 * state: the bytes an optimizer holds, read from ``optimizer.state`` after a step (each storage once:
   bitsandbytes shares its quantisation maps between parameters), per state key and per parameter;
   the layout of one parameter's state; which tensors bitsandbytes leaves in 32-bit (``min_8bit_size``).
@@ -16,7 +20,8 @@
 * step size per kind of parameter: the RMS of one step's change of weight matrices, LayerNorm gains
   and biases (Adafactor's step is relative to each tensor's RMS, AdamW's is not);
 * the step's own memory: the peak of tensor memory inside ``optimizer.step()`` (temporaries that the
-  persistent state does not show: Adafactor's n x m estimate, 8-bit AdamW's dequantised moments).
+  persistent state does not show: Adafactor's one n x m buffer, the estimate turned into the update in
+  place; 8-bit AdamW's dequantised moments).
 """
 
 from __future__ import annotations
@@ -74,10 +79,13 @@ def state_summary(name: str, optimizer: torch.optim.Optimizer) -> dict:
     }
 
 
-def state_layout(optimizer: torch.optim.Optimizer, param: torch.nn.Parameter) -> list[dict]:
-    """The state of one parameter: each entry's shape, dtype and bytes (Python numbers shown as such)."""
+def state_layout(state: dict) -> list[dict]:
+    """One parameter's state (``optimizer.state[param]``): each entry's shape, dtype and bytes.
+
+    Python numbers (bitsandbytes' ``step``) are shown as such, with 0 bytes.
+    """
     rows = []
-    for key, value in optimizer.state[param].items():
+    for key, value in state.items():
         if isinstance(value, torch.Tensor):
             dtype = str(value.dtype).removeprefix("torch.")
             rows.append(
@@ -109,7 +117,9 @@ def small_tensor_share(optimizer: torch.optim.Optimizer, min_8bit_size: int = MI
     }
 
 
-def one_step(optimizer: torch.optim.Optimizer, params: Sequence[torch.nn.Parameter], seed: int = 0) -> None:
+def random_grad_step(
+    optimizer: torch.optim.Optimizer, params: Sequence[torch.nn.Parameter], seed: int = 0
+) -> None:
     """One ``step()`` on random gradients (creates the state without a model's forward pass)."""
     gen = torch.Generator().manual_seed(seed)
     for p in params:
@@ -146,7 +156,7 @@ def layer_state_rows(n: int, m: int, names: Sequence[str] = OPTIMIZERS) -> list[
     rows = []
     for name in names:
         optimizer = make_optimizer(layer, lr=1e-3, weight_decay=0.0, name=name)
-        one_step(optimizer, [layer.weight])
+        random_grad_step(optimizer, [layer.weight])
         rows.append({"shape": f"{n} x {m}", **state_summary(name, optimizer)})
         del optimizer  # its state freed before the next optimizer builds one
     return rows
@@ -270,7 +280,7 @@ def step_rms_by_kind(model: torch.nn.Module, before: dict[str, torch.Tensor]) ->
     }
 
 
-def step_peak_mb(
+def optimizer_step_peak_mb(
     optimizer: torch.optim.Optimizer, params: Sequence[torch.nn.Parameter], seed: int = 1
 ) -> float:
     """Peak tensor memory (MiB) allocated inside one ``optimizer.step()``, above what existed before it.
@@ -280,7 +290,7 @@ def step_peak_mb(
     """
     if not optimizer.state:
         raise ValueError(
-            "The optimizer has no state yet: run one step first (e.g. one_step(optimizer, params))."
+            "The optimizer has no state yet: run one step first (e.g. random_grad_step(optimizer, params))."
         )
     gen = torch.Generator().manual_seed(seed)
     for p in params:
