@@ -274,3 +274,22 @@ def test_a_master_port_in_use_fails_at_once_with_the_cause(tmp_path):
         (result,) = run_nodes([cmd], tmp_path, timeout=300)
     assert result.returncode != 0
     assert "EADDRINUSE" in result.stderr or "address already in use" in result.stderr, result.stderr[-2000:]
+
+
+@pytest.mark.slow  # two node agents that wait out a 20 s rendezvous timeout
+def test_a_node_rank_out_of_range_ends_at_the_rendezvous_timeout_naming_the_missing_node(tmp_path):
+    """--node-rank 2 of --nnodes 2: the agents wait in torchrun's rendezvous before the command starts
+    (no code of the course can run yet); --rdzv-conf timeout=20 ends both within a bounded time, and the
+    message names the node rank nobody took (role_info/1) and the one out of range (assigned_ranks/2)."""
+    port = free_port()
+    static = [*TORCHRUN, "--nnodes", "2", "--nproc-per-node", "1", "--master-addr", "127.0.0.1"]
+    static += ["--master-port", str(port), "--rdzv-conf", "timeout=20"]
+    commands = [
+        [*static, "--node-rank", r, *TRAIN, "--output-dir", str(tmp_path / f"n{r}")] for r in ("0", "2")
+    ]
+    started = time.monotonic()
+    first, second = run_nodes(commands, tmp_path, timeout=300)
+    assert first.returncode != 0 and second.returncode != 0
+    assert "role_info/1" in first.stderr, first.stderr[-2000:]
+    assert "assigned_ranks/2" in second.stderr, second.stderr[-2000:]
+    assert time.monotonic() - started < 280  # bounded by the timeout, not by the test's own limit
