@@ -7,8 +7,9 @@
   padding/truncating to 1 s matter. The waveform is a plain float list beside a ``sampling_rate``
   column: ``datasets``' ``Audio`` feature needs torchcodec, not one of the course's dependencies.
 
-Both are generated from ``seed`` (the same data on every machine). ``COURSE_IMAGE_DATASET`` /
-``COURSE_AUDIO_DATASET=hub`` (``config.media_sources``) load hub datasets instead, as the same columns.
+Both are generated from ``seed`` (the same data on every machine). ``COURSE_IMAGE_DATASET=hub``
+(``config.media_sources``) loads a hub image dataset instead, as the same columns. No hub audio dataset
+is wired: ``COURSE_AUDIO_DATASET=hub`` raises an error that says why (``load_keywords``).
 
 The models (``assets/tiny-vit``, ``assets/tiny-wav2vec2``: a small ViT and wav2vec2 classifier, random
 weights) are built by ``python -m course_tools.build_media_assets``; their processors load with
@@ -23,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from course_lib.config import EMBEDDED, HUB_AUDIO_DATASET, HUB_IMAGE_DATASET, media_sources
+from course_lib.config import EMBEDDED, HUB_IMAGE_DATASET, media_sources
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 IMAGE_MODEL_DIR = ASSETS / "tiny-vit"
@@ -177,14 +178,19 @@ def generate_keywords(split: str, seed: int = 0, n: int | None = None) -> dict[s
 def load_keywords(source: str | None = None, seed: int = 0):
     """The audio task as a ``DatasetDict`` (train / validation / test; audio, sampling_rate, label, idx).
 
-    ``source``: ``"embedded"`` (default) or ``"hub"`` (``HUB_AUDIO_DATASET``: internet, and torchcodec
-    to decode its ``Audio`` column); ``None`` reads ``COURSE_AUDIO_DATASET``.
+    ``source``: ``"embedded"`` (the only one); ``None`` reads ``COURSE_AUDIO_DATASET``, whose ``"hub"``
+    raises: no hub audio dataset is wired (the error says why).
     """
     from datasets import ClassLabel, DatasetDict, Features, Sequence, Value
 
     source = media_sources().audio if source is None else source
     if source == "hub":
-        return _load_hub(HUB_AUDIO_DATASET, "COURSE_AUDIO_DATASET")
+        raise ValueError(
+            "No hub audio dataset is wired in this course: datasets 5 loads no script-based datasets "
+            "(google/speech_commands is one), and decoding a hub Audio column needs torchcodec, which the "
+            "course does not install. Use COURSE_AUDIO_DATASET=embedded (the default), or build a "
+            "DatasetDict of your own clips with the same columns (audio: floats, sampling_rate, label)."
+        )
     if source != EMBEDDED:
         raise ValueError(f"Unknown audio dataset source {source!r}: use 'embedded' or 'hub'.")
     features = Features(
@@ -259,7 +265,7 @@ def _smooth_at_least(n: int) -> int:
 
 
 def first_to_resample(rates, model_rate: int = MODEL_RATE) -> int | None:
-    """Index of the first clip not at ``model_rate``; None if all are (speech_commands: all 16 kHz)."""
+    """Index of the first clip not at ``model_rate``; None if every clip is at that rate already."""
     others = np.flatnonzero(np.asarray(rates) != model_rate)
     return int(others[0]) if others.size else None
 
@@ -306,7 +312,7 @@ def load_media_model(kind: str, path: str | Path | None = None, labels: list[str
     """The embedded (or ``path``'s) image (``kind="image"``) or audio (``"audio"``) classifier, fp32.
 
     ``labels``: the dataset's class names. Where they differ from the checkpoint's (a hub dataset: beans
-    has 3 classes, speech_commands 36), the classification head is created anew for them.
+    has 3 classes), the classification head is created anew for them.
     """
     from transformers import AutoConfig, AutoModelForAudioClassification, AutoModelForImageClassification
 
@@ -335,7 +341,7 @@ def load_media_model(kind: str, path: str | Path | None = None, labels: list[str
 
 
 def _load_hub(name_and_config: tuple[str, str | None], switch: str):
-    """A hub dataset converted to the embedded columns (image or audio + sampling_rate, label)."""
+    """A hub image dataset with the embedded columns (image, label)."""
     from datasets import load_dataset
 
     name, config = name_and_config
@@ -348,15 +354,6 @@ def _load_hub(name_and_config: tuple[str, str | None], switch: str):
         ) from err
     if "labels" in dataset["train"].column_names:
         dataset = dataset.rename_column("labels", "label")
-    if switch == "COURSE_AUDIO_DATASET":  # decoding the Audio column needs torchcodec
-
-        def split_audio(batch):
-            return {
-                "audio": [a["array"] for a in batch["audio"]],
-                "sampling_rate": [a["sampling_rate"] for a in batch["audio"]],
-            }
-
-        dataset = dataset.map(split_audio, batched=True)
     return dataset
 
 

@@ -92,9 +92,22 @@ def test_resample_keeps_in_band_tones_and_removes_aliases():
     naive = np.interp(np.arange(8_000) / 8_000, np.arange(22_050) / 22_050, high)
     assert np.abs(naive).max() > 0.9, "plain interpolation aliases (the lesson's contrast)"
     assert len(media.resample(np.ones(13_331), 22_050, 16_000)) == round(13_331 * 16_000 / 22_050)
+    # The FFT sees the clip as one period: a tone that ends mid-cycle jumps where the end meets the start,
+    # and what is left of the jump below the new Nyquist frequency rings at both edges (lesson 01b).
+    odd = np.abs(media.resample(np.sin(2 * np.pi * 7_000.5 * np.arange(22_050) / 22_050), 22_050, 8_000))
+    assert max(odd[:80].max(), odd[-80:].max()) > 0.1, "the first or last 10 ms ring"
+    assert odd[80:-80].max() < 1e-3, "away from the edges the tone is removed"
     assert np.array_equal(media.resample(np.ones(5), 16_000, 16_000), np.ones(5, dtype=np.float32))
     with pytest.raises(ValueError, match="1-D"):
         media.resample(np.ones((2, 5)), 8_000, 16_000)
+
+
+def test_the_hub_audio_switch_says_that_no_hub_audio_dataset_is_wired(monkeypatch):
+    monkeypatch.setenv("COURSE_AUDIO_DATASET", "hub")
+    with pytest.raises(ValueError, match="No hub audio dataset is wired.*COURSE_AUDIO_DATASET=embedded"):
+        media.load_keywords()
+    with pytest.raises(ValueError, match="torchcodec"):
+        media.load_keywords("hub")
 
 
 def test_the_clip_to_resample_is_the_first_not_at_the_models_rate():
@@ -194,6 +207,28 @@ def test_two_training_steps_of_each_model_through_the_loop(processors):
         assert history.step_tokens == [batch, batch], "images and audio count examples per step"
         assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
         assert 0.0 <= history.evals[-1]["accuracy"] <= 1.0
+
+
+@torch.no_grad()
+def test_the_attention_mask_makes_the_audio_model_ignore_the_padding(processors):
+    _, feature_extractor = processors
+    columns = media.generate_keywords("validation", n=8)
+    shortest = min(range(8), key=lambda i: len(columns["audio"][i]) / columns["sampling_rate"][i])
+    clip = media.resample(columns["audio"][shortest], columns["sampling_rate"][shortest], media.MODEL_RATE)
+    assert len(clip) < media.MODEL_RATE, "a clip shorter than 1 s, so that there is padding"
+    model = media.load_media_model("audio").eval()
+    alone = feature_extractor(clip, sampling_rate=media.MODEL_RATE, return_tensors="pt")
+    padded = feature_extractor(
+        clip,
+        sampling_rate=media.MODEL_RATE,
+        max_length=media.MODEL_RATE,
+        padding="max_length",
+        return_tensors="pt",
+    )
+    reference = model(**alone).logits
+    masked = (model(**padded).logits - reference).abs().max().item()
+    unmasked = (model(input_values=padded["input_values"]).logits - reference).abs().max().item()
+    assert masked < unmasked / 100 and unmasked > reference.abs().max().item() / 10
 
 
 def test_a_dataset_with_other_classes_gets_a_new_head_and_keeps_the_body():
