@@ -19,6 +19,7 @@ from course_lib.models import load_tokenizer
 from course_lib.recipe_ladder import decision as rule
 from course_lib.recipe_ladder import ladder_runs, recipe, rungs, runs
 from course_lib.recipe_ladder import report as ladder_report
+from course_lib.training.metrics import evaluate
 from course_tools import sections
 
 # ---------------------------------------------------------------------------------------------
@@ -188,7 +189,12 @@ def _trial(ratios):
         # one seed that misses counts after the others: the median seed (128) decides, not the miss ...
         ([3.0] * 5, [128, None, 64], "kept", "3.00x"),
         # ... and when the median seed missed, the rung is dropped
-        ([3.0] * 5, [None, None, 64], "dropped", "the median seed missed the target within the budget (2 of 3 seeds)"),
+        (
+            [3.0] * 5,
+            [None, None, 64],
+            "dropped",
+            "the median seed missed the target within the budget (2 of 3 seeds)",
+        ),
     ],
 )
 def test_decide_as_written_by_hand(ratios, trial_ex, status, says):
@@ -387,6 +393,7 @@ def test_the_ladder_prints_the_load_and_the_wait_policy_and_each_rung_as_the_cod
     assert rows["4 fused_adamw"]["sets"] == "TrainConfig(fused_optimizer=True)"
     assert rows["3 length_grouping"]["sets"] == "-" and rows["3 length_grouping"]["status"] == "not run"
     assert all(row["load"] != "-" for name, row in rows.items() if name[0] in "124")
+    assert rows["1 slides"]["sets"].startswith("the slides' settings")
 
 
 def test_each_rung_is_written_as_the_settings_it_changes():
@@ -512,6 +519,18 @@ def test_kernel_and_padding_rungs_compute_the_same_losses_within_rounding():
         rungs.Stack(dynamic_padding=True, fused_adamw=True, attention="sdpa"),
     ]
     losses = runs.same_function_losses(stacks, prepared, cfg, torch.device("cpu"), steps=3)
+    # The evaluation batches hold rows of similar lengths (less padding): the same predictions as in
+    # the split's own order
+    widths = [b["input_ids"].shape[1] for b in prepared.eval_loader]
+    split = data.tokenize_dataset(data.load_mrpc("embedded"), prepared.tokenizer, cfg.max_length)[
+        "validation"
+    ]
+    unsorted = data.make_dataloader(
+        data.first_rows(split, cfg.eval_rows), prepared.tokenizer, runs.EVAL_BATCH
+    )
+    same = evaluate(prepared.model, prepared.eval_loader), evaluate(prepared.model, unsorted)
+    assert same[0]["accuracy"] == same[1]["accuracy"] and widths == sorted(widths)
+    assert data.padding_counts(prepared.eval_loader)["padded"] < data.padding_counts(unsorted)["padded"]
     for other in losses[1:]:
         assert len(other) == 3 and all(math.isclose(a, b, rel_tol=1e-4) for a, b in zip(losses[0], other))
     # Length grouping changes the batches, so the losses differ: it is not in SAME_FUNCTION.

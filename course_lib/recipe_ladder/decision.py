@@ -83,7 +83,7 @@ def decide(
     min_gain: float = MIN_GAIN,
     far_misses: int = 0,
 ) -> dict[str, Any]:
-    """Keep, drop or call within noise (this module's docstring gives the rule and why).
+    """Keep, drop or call within noise (the rule and why: ``course_lib.recipe_ladder.decision``'s docstring).
 
     ``*_eps``: examples per second, one per interleaved round (paired by round); ``*_examples``:
     examples to target, one per seed (None: missed); ``*_once_s``: one-off seconds (compilation);

@@ -235,7 +235,7 @@ def decision_rows(record: dict[str, Any]) -> list[dict[str, Any]]:
     return [
         {
             "rung": _rung(r),
-            "sets": r.get("sets", "-"),
+            "sets": r["label"] if r["status"] == "reference" else r.get("sets", "-"),  # rung 1: the baseline
             "load": "-" if r.get("load_average") is None else f"{r['load_average']:.1f}",
             "status": r["status"],
             "gain": _range(r.get("gain"), ".2f", "x"),

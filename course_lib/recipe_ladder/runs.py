@@ -25,6 +25,8 @@ from course_lib.recipe_ladder.rungs import Stack, train_settings
 from course_lib.training import train
 from course_lib.training.metrics import evaluate
 
+EVAL_BATCH = 64  # rows per evaluation batch (sorted by length: each batch pads to little more than its rows)
+
 
 @dataclass
 class Prepared:
@@ -65,10 +67,14 @@ def prepare(cfg) -> Prepared:
             f"{len(train_rows)} training rows make no batch of {whole}: use more rows or a smaller batch."
         )
     evals = data.first_rows(tokenized["validation"], cfg.eval_rows)
+    lengths = data.split_lengths(evals)
+    # [sorted evaluation] rows of similar lengths in each evaluation batch: less padding, the same
+    # predictions (masked padding), so the frequent evaluations cost less
+    evals = evals.select(sorted(range(len(evals)), key=lengths.__getitem__))
     seed_everything(cfg.seed)
     model = load_model()
     model.config.problem_type = "single_label_classification"  # what the first forward pass would set
-    eval_loader = data.make_dataloader(evals, tokenizer, 128)
+    eval_loader = data.make_dataloader(evals, tokenizer, EVAL_BATCH)
     # Its own generator: an evaluation mid-run then draws no number from the global RNG (dropout's).
     eval_loader.generator = torch.Generator().manual_seed(cfg.seed)
     train = train_rows.select(range(rows))
