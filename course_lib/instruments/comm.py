@@ -7,7 +7,7 @@ is the full, unsharded tensor: the all-reduced tensor, the all-gather's output, 
 input, the broadcast tensor. ``ring_bytes`` turns a payload into what each rank sends in a ring
 algorithm. DDP's built-in C++ all-reduce bypasses Python: register
 a Python comm hook (``torch.distributed.algorithms.ddp_comm_hooks.default_hooks.allreduce_hook``) to
-count it. Lessons 03 and 05 (``apparatus.mixed_precision``, ``apparatus.local_sgd``) and 06b (``apparatus.sharding``)
+count it. Lessons 03 and 05 (``apparatus.mixed_precision``, ``apparatus.local_sgd_counting``) and 06b (``apparatus.sharding``)
 count with this one counter.
 """
 
