@@ -646,6 +646,7 @@ def test_quick_ladder_evaluations_line_up_and_the_reference_reaches_its_target(q
                 _examples_before(record, row),
                 row["examples_to_target"],
                 min_gain=record["rule"]["min_gain"],
+                far_misses=row.get("far_misses", 0),
             )
             assert expected["status"] == row["status"] or row.get("once_s")
 
