@@ -94,6 +94,14 @@ def test_bytes_per_rank_follow_the_stage(results):
 
 
 @pytest.mark.slow
+def test_fsdp_without_resharding_holds_the_gathered_blocks_until_backward(results):
+    peaks = sh.step_peaks(results)
+    block = 4 * mm.Arch(1200, 128, 512, 3, 4, 128).block_numel()  # one block's fp32 parameters
+    # at least one gathered block more than the half each rank holds, kept from forward to backward
+    assert peaks["fsdp_no_reshard"] - peaks["fsdp"] > block / 2
+
+
+@pytest.mark.slow
 def test_collectives_counted(results):
     comm = {r["strategy"]: r for r in sh.comm_rows(results)}
     weights = 4 * mm.Arch(1200, 128, 512, 3, 4, 128).num_params()  # the embedded model's fp32 bytes

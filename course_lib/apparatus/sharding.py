@@ -1,16 +1,17 @@
 """The sharding lesson's demonstrations: the same fine-tune under DDP, ZeRO-1 and FSDP on real ranks.
 
+* ``ddp_model``, ``zero1_optimizer``, ``fsdp_model``, ``build_strategy``: the strategies, as lesson 06b
+  shows them line for line. ``ddp`` (``DistributedDataParallel``: everything replicated), ``zero1``
+  (``ZeroRedundancyOptimizer``: each rank keeps the AdamW state of its share of the parameters),
+  ``fsdp_no_reshard`` and ``fsdp`` (FSDP2's ``fully_shard`` per transformer block and on the model, with
+  ``reshard_after_forward=False`` and ``True``: gradients and parameters sharded too).
 * ``ShardDemo`` + ``shard_worker``: on every rank of ``course_lib.distributed.launch`` (gloo on CPU),
-  the same short AdamW fine-tune from the same start on the same data, once per strategy:
-  ``ddp`` (``DistributedDataParallel``: everything replicated), ``zero1``
-  (``torch.distributed.optim.ZeroRedundancyOptimizer``: each rank keeps the AdamW state of its share
-  of the parameters), ``fsdp_no_reshard`` and ``fsdp`` (FSDP2's ``fully_shard`` per transformer block
-  and on the model, with ``reshard_after_forward=False`` and ``True``: gradients and parameters sharded
-  too). DDP runs with ``gradient_as_bucket_view=True`` (``ShardDemo.bucket_view``): the gradients are
-  views into its all-reduce buckets; with DDP's default (``False``) the buckets are one more full copy
-  of the gradients. Per rank: the bytes of parameters, gradients and optimizer state held (local
-  shards), the bytes of DDP's buckets that are not the gradients themselves (``bucket copy``), the
-  collectives counted (``instruments.comm``) and the final full parameters.
+  the same short AdamW fine-tune from the same start on the same data, once per strategy. DDP's
+  ``gradient_as_bucket_view`` is ``ShardDemo.bucket_view``: with True the gradients are views into its
+  all-reduce buckets; with DDP's default (False) the buckets are one more full copy of the gradients.
+  Per rank: the bytes of parameters, gradients and optimizer state held (local shards), the bytes of
+  DDP's buckets that are not the gradients themselves (``bucket copy``), the last step's peak
+  (``TensorPeak``), the collectives counted (``instruments.comm``) and the final full parameters.
 * ``bytes_rows`` / ``comm_rows`` / ``agreement``: the tables and the check against DDP the lesson prints.
 """
 
@@ -22,12 +23,16 @@ from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.nn.parallel import DistributedDataParallel
 
 from course_lib.devices import to_device
 from course_lib.distributed import disable_dropout, rank_device, shard_indices
 from course_lib.instruments.comm import KINDS, CollectiveLog, counting_collectives
-from course_lib.instruments.memory import optimizer_state_bytes, tensor_bytes
-from course_lib.training.fsdp import shard_model
+from course_lib.instruments.memory import TensorPeak, optimizer_state_bytes, tensor_bytes
+from course_lib.training.fsdp import transformer_blocks
 
 STRATEGIES = ("ddp", "zero1", "fsdp_no_reshard", "fsdp")
 # memory_model's stage of what each holds between steps (FSDP keeps shards at rest either way)
@@ -80,36 +85,53 @@ def _nbytes(tensors) -> int:
     return tensor_bytes(_local(t) for t in tensors)  # this rank's shards of FSDP2's DTensors
 
 
-def _wrap(strategy: str, model: torch.nn.Module, lr: float, bucket_view: bool, buckets: dict):
-    """The model and optimizer of one strategy (AdamW, no weight decay, the for-loop implementation).
+ADAMW = {"weight_decay": 0.0, "foreach": False}  # one update path for every strategy: parameters compare
 
-    Under DDP, every all-reduce bucket the comm hook sees is recorded in ``buckets`` (storage address ->
-    bytes), so that ``_bucket_copy_bytes`` can tell whether the buckets are the gradients themselves.
+
+def ddp_model(model: torch.nn.Module, bucket_view: bool, buckets: dict) -> DistributedDataParallel:
+    """DDP: every rank holds all of the model; backward all-reduces the gradients, bucket by bucket.
+
+    Every bucket the comm hook sees is recorded in ``buckets`` (storage address -> bytes), so that the
+    demo can tell whether the buckets are the gradients themselves (``bucket_view``) or one more copy.
     """
-    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-    from torch.distributed.optim import ZeroRedundancyOptimizer
-    from torch.nn.parallel import DistributedDataParallel
+    # gradient_as_bucket_view=False (DDP's default): the buckets are one more full copy of the gradients
+    ddp = DistributedDataParallel(model, gradient_as_bucket_view=bucket_view)
 
-    adamw = {"lr": lr, "weight_decay": 0.0, "foreach": False}  # one update path for all: params compare
-    if strategy in ("ddp", "zero1"):
-        # gradient_as_bucket_view=True: the gradients are views into the all-reduce buckets; the default
-        # (False) keeps the buckets as one more full copy of the gradients
-        ddp = DistributedDataParallel(model, gradient_as_bucket_view=bucket_view)
+    def recorded(state, bucket):  # DDP's own all-reduce, called through Python: the demo counts it
+        flat = bucket.buffer()  # the bucket's one flat tensor; bucket views share its storage
+        buckets[flat.untyped_storage().data_ptr()] = tensor_bytes([flat])
+        return allreduce_hook(state, bucket)
 
-        def recorded(state, bucket):
-            flat = bucket.buffer()  # the bucket's one flat tensor; bucket views share its storage
-            buckets[flat.untyped_storage().data_ptr()] = tensor_bytes([flat])
-            return allreduce_hook(state, bucket)
+    ddp.register_comm_hook(None, recorded)
+    return ddp
 
-        ddp.register_comm_hook(None, recorded)  # the same all-reduce, through Python: counted
-        if strategy == "ddp":
-            return ddp, torch.optim.AdamW(ddp.parameters(), **adamw)
-        return ddp, ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.AdamW, **adamw)
-    # fsdp_no_reshard keeps the gathered parameters from forward to backward: a step sends what ZeRO-2
-    # sends, but between steps only shards are held, as in ZeRO-3 (STAGE)
-    reshard = strategy == "fsdp"
-    shard_model(model, reshard_after_forward=reshard)  # each transformer block, then the model
-    return model, torch.optim.AdamW(model.parameters(), **adamw)
+
+def zero1_optimizer(ddp: DistributedDataParallel, lr: float) -> ZeroRedundancyOptimizer:
+    """ZeRO-1: each rank keeps the AdamW state of its share of the parameters, updates that share
+    and broadcasts it to the other ranks (the gradients are still DDP's all-reduced full copies)."""
+    return ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.AdamW, lr=lr, **ADAMW)
+
+
+def fsdp_model(model: torch.nn.Module, reshard_after_forward: bool) -> torch.nn.Module:
+    """FSDP2: parameters, gradients and optimizer state become shards (ZeRO-3 at rest, in place)."""
+    for block in transformer_blocks(model):  # one unit per block: one block gathered at a time
+        # True: free the gathered block after its forward and gather it again for its backward
+        fully_shard(block, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, reshard_after_forward=reshard_after_forward)  # the rest: embeddings, head
+    return model
+
+
+def build_strategy(strategy: str, model: torch.nn.Module, lr: float, bucket_view: bool, buckets: dict):
+    """The model and AdamW optimizer of one strategy of ``STRATEGIES``."""
+    if strategy == "ddp":
+        model = ddp_model(model, bucket_view, buckets)
+        return model, torch.optim.AdamW(model.parameters(), lr=lr, **ADAMW)
+    if strategy == "zero1":  # DDP's all-reduce, then each rank updates its own share
+        model = ddp_model(model, bucket_view, buckets)
+        return model, zero1_optimizer(model, lr)
+    # fsdp_no_reshard keeps each gathered block from its forward to its backward (ZeRO-2's traffic)
+    model = fsdp_model(model, reshard_after_forward=strategy == "fsdp")
+    return model, torch.optim.AdamW(model.parameters(), lr=lr, **ADAMW)  # after sharding: the shards
 
 
 def _bucket_copy_bytes(buckets: dict, model: torch.nn.Module) -> int:
@@ -146,11 +168,14 @@ def _run(strategy: str, demo: ShardDemo, batches: Sequence[dict], world_size: in
     torch.manual_seed(demo.seed)  # the classifier head's random init: the same for every strategy
     model = disable_dropout(load_model())  # dropout off: every strategy computes the same function
     buckets: dict[int, int] = {}  # DDP's all-reduce buckets of the step: storage address -> bytes
-    model, optimizer = _wrap(strategy, model, demo.lr, demo.bucket_view, buckets)
+    model, optimizer = build_strategy(strategy, model, demo.lr, demo.bucket_view, buckets)
     model.train()
     log, grads, bucket_bytes, bucket_copy = CollectiveLog(), 0, 0, 0
-    for batch in batches:
+    for i, batch in enumerate(batches):
         buckets.clear()  # DDP rebuilds its buckets after the first step: keep this step's only
+        peak = TensorPeak("cpu")
+        if i == len(batches) - 1:
+            peak.start()  # the last step's peak above the weights and state held before it
         with counting_collectives(log):
             loss = model(**batch).loss
             loss.backward()
@@ -159,6 +184,7 @@ def _run(strategy: str, demo: ShardDemo, batches: Sequence[dict], world_size: in
             bucket_bytes, bucket_copy = sum(buckets.values()), _bucket_copy_bytes(buckets, model)
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        step_peak = peak.stop() * 2**20 if i == len(batches) - 1 else 0.0  # TensorPeak reports MiB
     state = optimizer_state_bytes(_state_holder(optimizer))
     return {
         "strategy": strategy,
@@ -167,6 +193,7 @@ def _run(strategy: str, demo: ShardDemo, batches: Sequence[dict], world_size: in
         "buckets": bucket_bytes,
         "bucket_copy": bucket_copy,
         "state": state,
+        "step_peak": step_peak,
         "calls": {k: log.calls[k] / len(batches) for k in KINDS},
         "bytes": {k: log.bytes[k] / len(batches) for k in KINDS},
         "ring": log.ring_bytes(world_size) / len(batches),
@@ -211,6 +238,15 @@ def bytes_rows(results: Sequence[dict]) -> list[dict]:
                 }
             )
     return rows
+
+
+def step_peaks(results: Sequence[dict]) -> dict[str, int]:
+    """Per strategy: the largest last-step peak over the ranks (bytes above the weights and state held)."""
+    out: dict[str, int] = {}
+    for res in results:
+        for run in res["runs"]:
+            out[run["strategy"]] = max(out.get(run["strategy"], 0), int(run["step_peak"]))
+    return out
 
 
 def comm_rows(results: Sequence[dict]) -> list[dict]:
