@@ -22,6 +22,7 @@ tables           plain-text tables for notebook output
 plots            loss curves, evaluations and bar charts of measured speed and memory
 widgets          ipywidgets explorers with a text fallback
 memory_model     predicted bytes of weights, gradients, optimizer state, activations, peak; per ZeRO stage
+memory_check     the memory model against measurement: each part and each branch of the peak, measured
 estimator        bytes per device from the memory model, as an interactive stacked bar (ipywidgets)
 training/        the course's one way to train, a file per technique (its own map names them)
 instruments/     each measured quantity, defined once (its own map names them)

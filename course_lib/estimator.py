@@ -37,8 +37,10 @@ def estimate(
 
     Weights, gradients and optimizer state as ``memory_model.per_rank`` shards them; the activations
     are each device's own micro-batch (what autograd saves, parameters excluded); the temporaries are
-    what the step's peak adds on top of the gradients and the activations, plus, when sharded, one
-    transformer block's full gradients (ZeRO-2/3) and two blocks' gathered parameters (ZeRO-3).
+    what the largest branch of the step's peak (``memory_model.BRANCHES``: the forward with autocast's
+    weight cache, the backward, the optimizer step, each with this device's gradients) adds on top of
+    the gradients and the activations, plus, when sharded, one transformer block's full gradients
+    (ZeRO-2/3) and two blocks' gathered parameters (ZeRO-3).
     ``bucket_view``: DDP's (and ZeRO-1's) all-reduce buckets are the gradients themselves (PyTorch DDP's
     ``gradient_as_bucket_view=True``, as ``apparatus.sharding`` runs it); False: DDP's default, and
     Accelerate's, where the buckets are one more copy of the gradients, counted under "gradients".
@@ -46,18 +48,24 @@ def estimate(
     parts = mm.predict(arch, setup)
     rank = mm.per_rank(parts, stage, devices)
     activations = sum(r["bytes"] for r in mm.saved_tensors(arch, setup) if not r["alias"])
-    # 0 when the peak is the end of forward
-    temporaries = max(0, parts["step peak"] - parts["gradients"] - activations)
+    # DDP's default: the all-reduce buckets are a second copy of the gradients (measured: apparatus.sharding)
+    copy = not bucket_view and stage in ("ddp", "zero1") and devices > 1
+    held = rank["gradients"] * (2 if copy else 1)  # the gradients (and bucket copy) on this device
+    # the peak's branches with this device's gradients: the forward holds none (autocast's cache instead)
+    peak = max(
+        parts["forward"],
+        parts["backward"] - parts["gradients"] + held,
+        held + mm.step_temporary(arch, setup.optimizer),
+    )
+    temporaries = max(0, peak - held - activations)  # 0 when the activations and gradients are the peak
     block = 4 * arch.block_numel()  # one transformer block's fp32 parameters (or gradients)
     if stage in ("zero2", "zero3") and devices > 1:
         temporaries += block  # one block's full gradients before they are reduce-scattered
     if stage == "zero3" and devices > 1:
         temporaries += 2 * block  # one block's gathered parameters, and the next one's prefetched
-    # DDP's default: the all-reduce buckets are a second copy of the gradients (measured: apparatus.sharding)
-    copy = not bucket_view and stage in ("ddp", "zero1") and devices > 1
     out = {
         "weights": rank["weights"],
-        "gradients": rank["gradients"] * (2 if copy else 1),
+        "gradients": held,
         "optimizer state": rank["optimizer state"],
         "activations": float(activations),
         "temporaries": float(temporaries),
@@ -66,7 +74,7 @@ def estimate(
     return out
 
 
-def describe(estimate_bytes: dict[str, float], device_bytes: float) -> str:
+def describe_estimate(estimate_bytes: dict[str, float], device_bytes: float) -> str:
     """The estimate as text: each part in GiB and whether the total fits ``device_bytes``."""
     parts = ", ".join(f"{k} {estimate_bytes[k] / GIB:.2f}" for k in STACK)
     verdict = "fits" if estimate_bytes["total"] <= device_bytes else "does not fit"
@@ -95,7 +103,7 @@ def estimator(model: str = "DistilBERT-base", device: str = "24 GiB GPU"):
         import ipywidgets as w
     except ImportError:
         print("ipywidgets is not installed (pip install ipywidgets): showing the text instead.")
-        print(describe(estimate(MODELS[model], mm.Setup(8, 128)), DEVICES[device]))
+        print(describe_estimate(estimate(MODELS[model], mm.Setup(8, 128)), DEVICES[device]))
         return None
     import matplotlib.pyplot as plt
 
@@ -125,7 +133,7 @@ def estimator(model: str = "DistilBERT-base", device: str = "24 GiB GPU"):
         with out:
             out.clear_output(wait=True)
             ax = plot_estimate(est, DEVICES[c["device"]], c["model"])
-            ax.set_title(describe(est, DEVICES[c["device"]]).split(" | ")[1], fontsize=9)
+            ax.set_title(describe_estimate(est, DEVICES[c["device"]]).split(" | ")[1], fontsize=9)
             plt.show()
 
     for widget in controls.values():

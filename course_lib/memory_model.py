@@ -1,36 +1,34 @@
 """A memory model of fine-tuning: the bytes each part of training needs, predicted before it runs.
 
-Prediction: ``Arch`` (a DistilBERT-shaped model, read from a Hugging Face config) and ``Setup``
-(precision, activation checkpointing, optimizer, micro-batch, sequence length) give ``predict``: the
-bytes of the weights, the gradients, the optimizer state, the tensors autograd saves for backward
-(derived tensor by tensor from the architecture: ``saved_tensors``) and the transient peak of a step;
-``per_rank`` divides them as DDP, ZeRO-1, ZeRO-2 and ZeRO-3 / FSDP do over N ranks.
-
-Measurement: ``measure`` runs steps of a real model and reads the course's instruments only
-(``SavedTensors``, ``model_state_bytes`` with ``optimizer_state_bytes``, ``TensorPeak``); ``compare`` puts both side by side.
-
-It has more than 400 lines because the prediction and the measurement it is checked against belong
-in one place: a learner reads each predicted tensor beside the instrument that counts it (lesson 06b).
+``Arch`` (a DistilBERT-shaped model, read from a Hugging Face config) and ``Setup`` (precision,
+activation checkpointing, optimizer, micro-batch, sequence length) give ``predict``: the bytes of the
+weights, the gradients, the optimizer state, the tensors autograd saves for backward (derived tensor by
+tensor from the architecture: ``block_saved_rows``, ``saved_tensors``) and the step's peak, the largest
+of its three branches (``BRANCHES``): the forward's fullest moment (with autocast's cache of 16-bit
+weight copies), the backward's and the optimizer step's. ``per_rank`` divides weights, gradients and
+state as DDP, ZeRO-1, ZeRO-2 and ZeRO-3 / FSDP do over N ranks. ``course_lib.memory_check`` measures
+the same quantities on a real model.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
-import torch
-
-from course_lib.instruments.memory import SavedTensors, TensorPeak, model_state_bytes
+from course_lib.mixed_precision import PRECISIONS
 from course_lib.training.optim import OPTIMIZERS
 
 PARTS = ("weights", "gradients", "optimizer state", "saved for backward", "step peak")
-PRECISIONS = ("no", "bf16", "fp16")
+BRANCHES = ("forward", "backward", "optimizer step")  # the step's peak is the largest of the three
 STAGES = ("ddp", "zero1", "zero2", "zero3")
-ATTENTION = ("sdpa", "eager", "flash")  # flash: derived from the kernel's design, not measured on a CPU
+# the attention kernels the model knows; flash: derived from the kernel's design, not measured on a CPU
+MODELLED_ATTENTION = ("sdpa", "eager", "flash")
 MIN_8BIT_SIZE = 4096  # bitsandbytes' min_8bit_size: smaller tensors keep fp32 state
 BLOCKSIZE_8BIT = 256  # bitsandbytes' block-wise quantisation: one fp32 absmax per 256 elements
 QMAP_BYTES = 2 * 256 * 4  # two shared quantisation maps (signed, unsigned) of 256 fp32 values each
-ADAMW8BIT_STEP_BYTES_PER_ELEM = 20  # five fp32 working buffers per element (``single_layer_step_peak``)
+# The CPU kernel's figure: five fp32 working buffers per element of the tensor being updated, measured on
+# one layer (memory_check.single_layer_step_peak). A GPU's fused 8-bit kernel is not measured here.
+ADAMW8BIT_STEP_BYTES_PER_ELEM = 20
 
 
 @dataclass(frozen=True)
@@ -144,25 +142,56 @@ def param_state(shape: tuple[int, ...], optimizer: str) -> int:
     return 2 * n + 2 * 4 * math.ceil(n / BLOCKSIZE_8BIT)  # two uint8 moments + an absmax per block each
 
 
+def block_saved_rows(arch: Arch, setup: Setup) -> list[tuple]:
+    """What autograd saves for backward in one transformer block (no checkpointing), read from
+    DistilBERT's TransformerBlock: (where, tensor, numel, bytes/elem, count, alias) per kind of tensor.
+
+    ``t`` tokens (batch x seq_len), ``d`` hidden size, ``f`` FFN width, ``s`` attention scores (batch x
+    heads x seq_len^2). ``alias``: a parameter saved as it is (fp32), counted but no new memory.
+    """
+    t, d, f = setup.batch * setup.seq_len, arch.dim, arch.hidden_dim
+    s = setup.batch * arch.n_heads * setup.seq_len**2
+    amp = setup.precision != "no"
+    e = 2 if amp else 4  # matmul inputs: autocast casts them to 16 bits; fp32 otherwise
+    # autocast casts the input once per matmul: q, k and v each get their own 16-bit copy
+    rows = [("layers", "q/k/v projection input", t * d, e, 3 if amp else 1, False)]
+    if arch.attention == "flash":  # a fused GPU kernel (FlashAttention): no score matrix; not measured
+        rows.append(("attention", "q, k, v, output", 4 * t * d, e, 1, False))
+        rows.append(("attention", "log-sum-exp per row", s // setup.seq_len, 4, 1, False))
+    elif arch.attention == "sdpa":  # CPU math kernel (dropout > 0): fp32 even for 16-bit inputs
+        rows.append(("attention", "q, k (scaled), v (fp32)", 3 * t * d, 4, 1, False))
+        rows.append(("attention", "probs, dropout mask, dropped probs", 3 * s, 4, 1, False))
+    else:
+        rows.append(("attention", "q, k^T, v", 3 * t * d, e, 1, False))
+        rows.append(("attention", "probs, dropout mask, dropped probs", 3 * s, e, 1, False))
+    return rows + [
+        ("layers", "out_lin input", t * d, e, 1, False),
+        ("layers", "2 LayerNorm inputs (residual sums, fp32)", 2 * t * d, 4, 1, False),
+        ("layers", "2 LayerNorm mean + rstd", 4 * t, 4, 1, False),
+        ("layers", "2 LayerNorm weight + bias", 4 * d, 4, 1, True),
+        ("FFN", "lin1 input", t * d, e, 1, False),
+        ("FFN", "GELU input, lin2 input", 2 * t * f, e, 1, False),
+        ("FFN", "dropout mask", t * d, e, 1, False),
+        ("layers", "matmul weights", 4 * d * d + 2 * d * f, e, 1, not amp),  # 16-bit copies under autocast
+    ]
+
+
 def saved_tensors(arch: Arch, setup: Setup) -> list[dict]:
     """The tensors autograd saves for backward in one forward pass, derived from the architecture.
 
-    One row per kind of tensor: where it is saved, its elements per occurrence, bytes per element and
-    how many times it occurs. ``T = batch x seq_len`` tokens, ``d`` the hidden size, ``F`` the FFN
-    width, ``s = batch x heads x seq_len^2`` attention scores. Rows marked ``alias`` are parameters
-    saved as they are (fp32 training): counted by ``SavedTensors``, but they take no new memory.
-    Batches without padding (attention mask of ones, which transformers drops) are assumed.
+    One row per kind of tensor (``block_saved_rows`` for each of the ``n_layers`` blocks, counted
+    ``n_layers`` times): where it is saved, its elements per occurrence, bytes per element and how many
+    times it occurs. Rows marked ``alias`` are parameters saved as they are (fp32 training): counted by
+    ``SavedTensors``, but they take no new memory. Batches without padding (attention mask of ones,
+    which transformers drops) are assumed.
     """
-    if arch.attention not in ATTENTION:
-        raise ValueError(f"attention must be one of {', '.join(ATTENTION)}, got {arch.attention!r}.")
+    if arch.attention not in MODELLED_ATTENTION:
+        raise ValueError(f"attention must be one of {', '.join(MODELLED_ATTENTION)}, got {arch.attention!r}.")
     if arch.attention == "sdpa" and arch.attention_dropout == 0:
-        # dropout > 0 sends SDPA on the CPU to its math kernel, whose saved tensors the rows below model
+        # dropout > 0 sends SDPA on the CPU to its math kernel, whose saved tensors the rows model
         raise ValueError("SDPA without dropout runs a fused kernel that saves other tensors: not modelled.")
-    b, t, d, f, L = setup.batch, setup.batch * setup.seq_len, arch.dim, arch.hidden_dim, arch.n_layers
-    s = b * arch.n_heads * setup.seq_len**2
-    amp = setup.precision != "no"
-    e = 2 if amp else 4  # matmul inputs: autocast casts them to 16 bits; fp32 otherwise
-    alias = not amp  # fp32: the matmul weights saved are the parameters themselves
+    b, t, d, L = setup.batch, setup.batch * setup.seq_len, arch.dim, arch.n_layers
+    e = 2 if setup.precision != "no" else 4
     rows = [
         # position_ids: one row of seq_len, broadcast over the batch
         ("embeddings", "input_ids + position_ids (int64)", b * setup.seq_len + setup.seq_len, 8, 1, False),
@@ -174,32 +203,20 @@ def saved_tensors(arch: Arch, setup: Setup) -> list[dict]:
         # Each block keeps only its input (fp32: LayerNorm outputs are fp32); the rest is recomputed.
         rows.append(("layers", "block input (checkpoint)", t * d, 4, L, False))
     else:
-        # Autocast casts the input once per matmul: q, k and v each get their own 16-bit copy.
-        rows.append(("layers", "q/k/v projection input", t * d, e, L * (3 if amp else 1), False))
-        if arch.attention == "flash":
-            # a fused GPU kernel (FlashAttention): no score matrix; not measured here
-            rows.append(("attention", "q, k, v, output", 4 * t * d, e, L, False))
-            rows.append(("attention", "log-sum-exp per row", b * arch.n_heads * setup.seq_len, 4, L, False))
-        elif arch.attention == "sdpa":
-            # CPU math kernel (dropout > 0): computes in fp32 even for 16-bit inputs
-            rows.append(("attention", "q, k (scaled), v (fp32)", 3 * t * d, 4, L, False))
-            rows.append(("attention", "probs, dropout mask, dropped probs", 3 * s, 4, L, False))
-        else:
-            rows.append(("attention", "q, k^T, v", 3 * t * d, e, L, False))
-            rows.append(("attention", "probs, dropout mask, dropped probs", 3 * s, e, L, False))
         rows += [
-            ("layers", "out_lin input", t * d, e, L, False),
-            ("layers", "2 LayerNorm inputs (residual sums, fp32)", 2 * t * d, 4, L, False),
-            ("layers", "2 LayerNorm mean + rstd", 4 * t, 4, L, False),
-            ("layers", "2 LayerNorm weight + bias", 4 * d, 4, L, True),
-            ("FFN", "lin1 input", t * d, e, L, False),
-            ("FFN", "GELU input, lin2 input", 2 * t * f, e, L, False),
-            ("FFN", "dropout mask", t * d, e, L, False),
-            ("layers", "matmul weights", 4 * d * d + 2 * d * f, e, L, alias),
+            (w, name, n, size, count * L, alias)
+            for w, name, n, size, count, alias in block_saved_rows(arch, setup)
         ]
     rows += [
         ("head", "[CLS] rows, ReLU out, dropout mask, classifier input", 4 * b * d, e, 1, False),
-        ("head", "pre_classifier + classifier weights", d * d + arch.num_labels * d, e, 1, alias),
+        (
+            "head",
+            "pre_classifier + classifier weights",
+            d * d + arch.num_labels * d,
+            e,
+            1,
+            setup.precision == "no",
+        ),
         ("head", "log-softmax, labels (int64: 2 x 4 B), loss", b * arch.num_labels + 2 * b + 1, 4, 1, False),
     ]
     keys = ("where", "tensor", "numel", "bytes/elem", "count", "alias")
@@ -210,25 +227,72 @@ def saved_tensors(arch: Arch, setup: Setup) -> list[dict]:
 
 
 def predict(arch: Arch, setup: Setup) -> dict[str, int]:
-    """Predicted bytes of each part (``PARTS``) of one training step on one device.
+    """Predicted bytes of each part (``PARTS``) and each branch (``BRANCHES``) of one training step.
 
-    Weights and gradients stay fp32 under autocast (4 + 4 bytes per parameter); the 16-bit copies of
-    the matmul weights are part of what is saved for backward. The step's peak is counted above the
-    weights and the optimizer state already held (a step after the first, gradients freed before it):
-    the largest of the end of forward, the fullest moment of backward (``backward_peak``) and the
-    optimizer step (all gradients plus its largest temporary, ``step_temporary``).
+    Weights and gradients stay fp32 under autocast (4 + 4 bytes per parameter). Each branch is counted
+    above the weights and the optimizer state already held (a step after the first, gradients freed
+    before it): ``forward_peak``, ``backward_peak``, and the optimizer step (all gradients plus its
+    largest temporary, ``step_temporary``). The step's peak is the largest of the three.
     """
     rows = saved_tensors(arch, setup)
     grads = 4 * arch.num_params()
-    forward_end = sum(r["bytes"] for r in rows if not r["alias"])
-    peak = max(forward_end, backward_peak(arch, setup), grads + step_temporary(arch, setup.optimizer))
+    branches = {
+        "forward": forward_peak(arch, setup),
+        "backward": backward_peak(arch, setup),
+        "optimizer step": grads + step_temporary(arch, setup.optimizer),
+    }
     return {
         "weights": 4 * arch.num_params(),
         "gradients": grads,
         "optimizer state": optimizer_state(arch, setup.optimizer),
         "saved for backward": sum(r["bytes"] for r in rows),
-        "step peak": peak,
+        **branches,
+        "step peak": max(branches.values()),
     }
+
+
+def autocast_cache(arch: Arch, blocks: int, head: bool = True) -> int:
+    """Bytes of autocast's 16-bit copies of the matmul weights and biases of ``blocks`` blocks (and the head).
+
+    Autocast casts each fp32 leaf parameter once and keeps the copy until the outermost autocast exits
+    (torch/amp/autocast_mode.py); non-reentrant checkpointing does not clear it.
+    """
+    d, f = arch.dim, arch.hidden_dim
+    block = 4 * (d * d + d) + (f * d + f) + (d * f + d)  # q, k, v, out_lin, lin1, lin2
+    return 2 * (blocks * block + (d * d + d + arch.num_labels * (d + 1) if head else 0))
+
+
+def forward_peak(arch: Arch, setup: Setup) -> int:
+    """Bytes held at the forward's fullest moment, above the weights and optimizer state.
+
+    Without checkpointing: everything saved (aliases excluded) and autocast's copies of the biases
+    (the weights' copies are saved), plus the last block's output LayerNorm moment: its output, and under
+    autocast the 16-bit dropout output and its fp32 copy for the residual sum. With checkpointing: the
+    checkpointed inputs and autocast's copies of every block before the last, plus the last block's own
+    fullest moment: the attention's (probs, dropout mask and dropped probs, q/k/v and their copies) or
+    the FFN's (its input, the lin1 output beside the GELU output); or the end of forward, when autocast
+    holds every copy, if that is more.
+    """
+    t, d, f, L = setup.batch * setup.seq_len, arch.dim, arch.hidden_dim, arch.n_layers
+    s = setup.batch * arch.n_heads * setup.seq_len**2
+    amp = setup.precision != "no"
+    e = 2 if amp else 4
+    saved = sum(r["bytes"] for r in saved_tensors(arch, setup) if not r["alias"])
+    if not setup.gradient_checkpointing:
+        biases = autocast_cache(arch, L) - 2 * arch.matmul_weight_numel() if amp else 0
+        return saved + biases + t * d * 4 + (t * d * (e + 4) if amp else 0)
+    d2 = d * d + d  # one d x d projection's weight and bias
+    if arch.attention == "sdpa":  # the CPU math kernel: fp32 copies of q, k, v beside the 16-bit ones
+        attention = 3 * s * 4 + (6 if amp else 4) * t * d * 4
+    elif arch.attention == "eager":
+        attention = 3 * s * e + 3 * t * d * e
+    else:  # flash: q, k, v and the output; not measured here
+        attention = 4 * t * d * e
+    ffn = t * d * 4 + 2 * t * f * e  # the FFN's input (the residual) beside lin1's and GELU's outputs
+    before = autocast_cache(arch, L - 1, head=False) if amp else 0  # every earlier block's copies
+    moment = max(attention + (2 * 3 * d2 if amp else 0), ffn + (2 * (4 * d2 + f * d + f) if amp else 0))
+    end = autocast_cache(arch, L) if amp else 0
+    return saved + max(before + moment, end)
 
 
 def backward_peak(arch: Arch, setup: Setup) -> int:
@@ -238,15 +302,17 @@ def backward_peak(arch: Arch, setup: Setup) -> int:
     of the head and of the block's lin2 and LayerNorm, and one more activation gradient of FFN width
     (T x F). With checkpointing it is the block whose recomputed activations meet the most gradients:
     the checkpointed inputs still held, one block's full activations, the gradients of the blocks after it.
+    On small batches it is the end: every gradient, beside the gradient of the embeddings' output.
     """
     d, f, L, t = arch.dim, arch.hidden_dim, arch.n_layers, setup.batch * setup.seq_len
     e = 2 if setup.precision != "no" else 4
     head_grads = 4 * (d * d + d + arch.num_labels * (d + 1))
     block_partial = 4 * (2 * d + d * f + d)  # output LayerNorm, lin2 weight and bias
     transient = t * f * e  # the gradient of the GELU input beside the gradient of its output
+    end = 4 * arch.num_params() + t * d * 4  # backward's end: every gradient, the embeddings' output's
     if not setup.gradient_checkpointing:
         saved = sum(r["bytes"] for r in saved_tensors(arch, setup) if not r["alias"])
-        return saved + head_grads + block_partial + transient
+        return max(saved + head_grads + block_partial + transient, end)
     full = saved_tensors(arch, Setup(setup.batch, setup.seq_len, setup.precision, False, setup.optimizer))
     block = sum(
         r["bytes"] for r in full if r["where"] != "embeddings" and r["where"] != "head" and not r["alias"]
@@ -255,14 +321,17 @@ def backward_peak(arch: Arch, setup: Setup) -> int:
     embeddings = sum(r["bytes"] for r in full if r["where"] == "embeddings" and not r["alias"])
     block_grads = 4 * arch.block_numel()  # fp32
     return max(
-        embeddings
-        + (i + 1) * 4 * t * d  # the checkpointed fp32 inputs of blocks 0..i, still held
-        + block
-        + head_grads
-        + (L - 1 - i) * block_grads
-        + block_partial
-        + transient
-        for i in range(L)
+        end,
+        *(
+            embeddings
+            + (i + 1) * 4 * t * d  # the checkpointed fp32 inputs of blocks 0..i, still held
+            + block
+            + head_grads
+            + (L - 1 - i) * block_grads
+            + block_partial
+            + transient
+            for i in range(L)
+        ),
     )
 
 
@@ -272,7 +341,8 @@ def step_temporary(arch: Arch, optimizer: str) -> int:
     Fused AdamW updates in place (0). Adafactor builds an fp32 n x m estimate of the second moment
     per matrix, one matrix at a time (the largest counts). 8-bit AdamW on the CPU dequantises one
     tensor at a time into fp32 working buffers: 20 bytes per element of the largest tensor (five fp32
-    buffers; measured on a single layer, ``single_layer_step_peak``, not fitted to the grid).
+    buffers; the CPU kernel's figure, measured on a single layer by ``memory_check.single_layer_step_peak``,
+    not fitted to the grid; a GPU's kernel is not measured here).
     """
     shapes = arch.param_shapes()
     if optimizer == "adamw":
@@ -282,29 +352,14 @@ def step_temporary(arch: Arch, optimizer: str) -> int:
     return ADAMW8BIT_STEP_BYTES_PER_ELEM * max(math.prod(s) for s in shapes)
 
 
-def single_layer_step_peak(optimizer: str, shape: tuple[int, int] = (512, 512)) -> float:
-    """Measured peak bytes of a second ``step()`` on one weight of ``shape``, per element (``TensorPeak``)."""
-    from course_lib.training.optim import make_optimizer
-
-    layer = torch.nn.Linear(shape[1], shape[0], bias=False)
-    opt = make_optimizer(layer, 1e-3, 0.0, name=optimizer)
-    gen = torch.Generator().manual_seed(0)
-    layer.weight.grad = torch.randn(layer.weight.shape, generator=gen)
-    opt.step()  # the first step creates the state
-    peak = TensorPeak("cpu")
-    peak.start()
-    opt.step()
-    return peak.stop() * 2**20 / layer.weight.numel()  # TensorPeak reports MiB
-
-
 def per_rank(parts: dict[str, int], stage: str, world_size: int) -> dict[str, float]:
     """Bytes per rank of weights, gradients and optimizer state under ``stage`` on ``world_size`` ranks.
 
     DDP replicates all three; ZeRO-1 shards the optimizer state, ZeRO-2 also the gradients, ZeRO-3 /
     FSDP also the weights (Rajbhandari et al. 2020). Activations are per rank anyway (its own batch).
     PyTorch's DDP is taken with ``gradient_as_bucket_view=True`` (the gradients are views into its
-    all-reduce buckets, as ``apparatus.sharding`` runs it); with DDP's default (``False``) the buckets are
-    one more full copy of the gradients per rank, which this does not count.
+    all-reduce buckets); with DDP's default (``False``) the buckets are one more full copy of the
+    gradients per rank (measured by ``apparatus.sharding``), which ``estimator.estimate`` adds.
     """
     if stage not in STAGES:
         raise ValueError(f"stage must be one of {', '.join(STAGES)}, got {stage!r}.")
@@ -335,87 +390,3 @@ def bytes_per_param(precision_weights: int, grads: int, master: int, state: int)
 
 MIXED_ADAMW = bytes_per_param(2, 2, 4, 8)  # the ZeRO paper's fp16 mixed-precision Adam, fp32 master copy
 AUTOCAST_ADAMW = bytes_per_param(4, 4, 0, 8)  # the course's autocast: fp32 weights and grads, no master copy
-
-
-# ---------------------------------------------------------------- measurement
-
-
-def measure(model: torch.nn.Module, batch: dict, setup: Setup, lr: float = 1e-4) -> dict[str, float]:
-    """Measured bytes of each part (``PARTS``) on the model's device: two steps, the second measured.
-
-    Weights, gradients and optimizer state after the first step (``model_state_bytes``), what autograd saves
-    in the second forward (``SavedTensors``) and the second step's peak (``TensorPeak``, gradients freed
-    before it). The model is trained in place.
-    """
-    from course_lib.training.activation_checkpointing import enable_checkpointing
-    from course_lib.training.amp import TorchAmp
-    from course_lib.training.optim import make_optimizer
-
-    device = next(model.parameters()).device
-    enable_checkpointing(model, setup.gradient_checkpointing)
-    amp = TorchAmp(device, setup.precision)
-    optimizer = make_optimizer(model, lr, 0.01, name=setup.optimizer)
-    model.train()
-    with amp.autocast():
-        loss = model(**batch).loss
-    loss.backward()
-    optimizer.step()
-    states = model_state_bytes(model, optimizer)  # weights, gradients (.grad) and optimizer.state
-    optimizer.zero_grad(set_to_none=True)  # gradients freed before the measured step, as predict() assumes
-
-    peak = TensorPeak(device)
-    peak.start()
-    with SavedTensors() as saved, amp.autocast():
-        loss = model(**batch).loss
-    loss.backward()
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    peak_bytes = peak.stop() * 2**20  # TensorPeak reports MiB
-    enable_checkpointing(model, False)
-    return {
-        **states,
-        "saved for backward": saved.bytes,
-        "step peak": peak_bytes,
-    }
-
-
-def compare(predicted: dict[str, float], measured: dict[str, float]) -> list[dict]:
-    """One row per part: predicted and measured bytes and the relative error (measured as reference)."""
-    rows = []
-    for part in PARTS:
-        p, m = predicted[part], measured[part]
-        rows.append(
-            {"part": part, "predicted": int(p), "measured": int(m), "error": abs(p - m) / m if m else 0.0}
-        )
-    return rows
-
-
-def token_batch(arch: Arch, batch: int, seq_len: int, device="cpu", seed: int = 0) -> dict:
-    """A batch of random token ids with no padding (the shapes the model assumes) and random labels."""
-    gen = torch.Generator().manual_seed(seed)
-    return {
-        # ids from 5 up: no special token (the embedded vocabulary's [PAD] .. [MASK] are 0-4)
-        "input_ids": torch.randint(5, arch.vocab_size, (batch, seq_len), generator=gen).to(device),
-        "attention_mask": torch.ones(batch, seq_len, dtype=torch.long, device=device),
-        "labels": torch.randint(0, arch.num_labels, (batch,), generator=gen).to(device),
-    }
-
-
-def check_grid(setups: list[Setup], device="cpu", seed: int = 0) -> list[dict]:
-    """Predicted against measured bytes of every part for each setup, on a fresh embedded model each time."""
-    from course_lib.models import load_model
-
-    rows = []
-    for setup in setups:
-        torch.manual_seed(seed)  # the same random classifier head for every setup
-        model = load_model().to(device)
-        arch = Arch.from_config(model.config)
-        measured = measure(model, token_batch(arch, setup.batch, setup.seq_len, device, seed), setup)
-        for row in compare(predict(arch, setup), measured):
-            rows.append({**asdict(setup), **row})
-    return rows
-
-
-def worst_errors(rows: list[dict]) -> dict[str, float]:
-    """The largest relative error of each part over ``check_grid``'s rows."""
-    return {part: max(r["error"] for r in rows if r["part"] == part) for part in PARTS}
