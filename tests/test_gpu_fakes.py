@@ -22,11 +22,11 @@ import torch.distributed as dist
 from course_lib import checkpoints, distributed
 from course_lib import mixed_precision as mp
 from course_lib.benchmark import config as bench_config
-from course_lib.benchmark import rungs
 from course_lib.cli import train as train_cli
 from course_lib.instruments import throughput
 from course_lib.instruments.memory import TensorPeak
 from course_lib.instruments.probe import StepProbe
+from course_lib.recipe_ladder import rungs
 
 MiB = 2**20
 # Matmul GFLOP/s a GPU of each compute capability might measure (bf16 without native support: emulated).
