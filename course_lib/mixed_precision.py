@@ -111,9 +111,13 @@ class PrecisionAdvice:
         return f"{label}: {measured or '未計測'}"
 
     def summary(self) -> str:
-        """The verdict of every precision, the fastest and the safe default, as Japanese lines of text."""
+        """The verdict of every precision, the precision the course picks (``fastest``: at least ``FASTER``
+        x fp32, else fp32) and the safe default, as Japanese lines of text."""
         lines = [self.verdict(p) for p in PRECISIONS if p == "no" or p in self.speedups or p in self.unusable]
-        lines.append(f"このマシンで最速: {PRECISIONS[self.fastest].label.upper()}")
+        lines.append(
+            f"コースが選ぶ精度（FP32 の {FASTER} 倍以上速いもののうち最速、なければ FP32）: "
+            f"{PRECISIONS[self.fastest].label.upper()}"
+        )
         lines.append(f"このマシンの既定: {PRECISIONS[self.safe_default].label.upper()}")
         return "\n".join(lines)
 
