@@ -5,7 +5,8 @@
 ``COURSE_DATASET``  ``embedded`` (default: the course's MRPC-shaped paraphrase data) or ``hub``
                     (``nyu-mll/glue``, config ``mrpc``).
 ``COURSE_IMAGE_DATASET`` / ``COURSE_AUDIO_DATASET``  ``embedded`` (default: lesson 01b's generated shapes
-                    and keyword clips) or ``hub`` (``HUB_IMAGE_DATASET`` / ``HUB_AUDIO_DATASET``).
+                    and keyword clips) or ``hub`` (images: ``HUB_IMAGE_DATASET``; audio: no hub dataset is
+                    wired, ``course_lib.media.load_keywords`` says why).
 Every hub choice needs internet the first time (the files are cached afterwards).
 """
 
@@ -17,7 +18,6 @@ from dataclasses import dataclass
 EMBEDDED = "embedded"
 HUB_DATASET = ("nyu-mll/glue", "mrpc")
 HUB_IMAGE_DATASET = ("AI-Lab-Makerere/beans", None)  # leaf photos, 3 classes, column "labels"
-HUB_AUDIO_DATASET = ("google/speech_commands", "v0.02")  # 1 s voice commands at 16 kHz; needs torchcodec
 
 
 @dataclass(frozen=True)
