@@ -31,7 +31,7 @@ from torch.nn.parallel import DistributedDataParallel
 from course_lib.devices import to_device
 from course_lib.distributed import disable_dropout, rank_device, shard_indices
 from course_lib.instruments.comm import KINDS, CollectiveLog, counting_collectives
-from course_lib.instruments.memory import TensorPeak, optimizer_state_bytes, tensor_bytes
+from course_lib.instruments.memory import TensorPeak, _StderrFdCapture, optimizer_state_bytes, tensor_bytes
 from course_lib.training.fsdp import transformer_blocks
 
 STRATEGIES = ("ddp", "zero1", "fsdp_no_reshard", "fsdp")
@@ -173,8 +173,10 @@ def _run(strategy: str, demo: ShardDemo, batches: Sequence[dict], world_size: in
     log, grads, bucket_bytes, bucket_copy = CollectiveLog(), 0, 0, 0
     for i, batch in enumerate(batches):
         buckets.clear()  # DDP rebuilds its buckets after the first step: keep this step's only
-        peak = TensorPeak("cpu")
+        peak, log_lines = TensorPeak("cpu"), _StderrFdCapture()
         if i == len(batches) - 1:
+            # the profiler's C++ log lines (blocks from before the window freed in it) are filtered out
+            log_lines.start()
             peak.start()  # the last step's peak above the weights and state held before it
         with counting_collectives(log):
             loss = model(**batch).loss
@@ -185,6 +187,7 @@ def _run(strategy: str, demo: ShardDemo, batches: Sequence[dict], world_size: in
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         step_peak = peak.stop() * 2**20 if i == len(batches) - 1 else 0.0  # TensorPeak reports MiB
+        log_lines.stop()
     state = optimizer_state_bytes(_state_holder(optimizer))
     return {
         "strategy": strategy,
