@@ -74,5 +74,29 @@ check: setup
 bench: setup
 	$(RUN) python -m course_lib.cli.bench $(BENCH_ARGS)
 
+# The course as a static site, built offline into build/site/html/ from the committed lessons (not executed),
+# the student release exercises/ and docs/*.md (course_tools/site.py, mkdocs.yml; about 10 s). Its search needs
+# a web server, not file://: python3 -m http.server -d build/site/html
+.PHONY: site screenshot
+SITE_STAMP := $(VENV)/.site-stamp
+$(SITE_STAMP): pyproject.toml | $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[dev,site]'
+	touch $@
+
+site: $(SITE_STAMP)
+	$(RUN) $(OFFLINE) python -m course_tools.site build
+
+# The README's picture, docs/img/$(SCREENSHOT_NAME): a lesson with its committed plots in JupyterLab, opened (not run)
+# in the system Chromium by the browser tier (tests/browser/test_screenshot.py). Needs chromium and fonts-noto-cjk.
+SCREENSHOT_NAME ?= lesson-in-jupyterlab.png
+BROWSER_STAMP := $(VENV)/.browser-stamp
+$(BROWSER_STAMP): pyproject.toml | $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[dev,browser]'
+	touch $@
+
+screenshot: $(BROWSER_STAMP)
+	$(RUN) $(OFFLINE) COURSE_BROWSER_TESTS=require COURSE_SCREENSHOT="$(CURDIR)/docs/img/$(SCREENSHOT_NAME)" \
+		python -m pytest -q -p no:cacheprovider tests/browser/test_screenshot.py
+
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info

@@ -11,4 +11,8 @@ sections      generated sections of the docs: rendered from a committed record, 
 experiments   measure what pretraining buys (README's "pretrained" block and its record)
 build_assets  rebuild the embedded pretrained checkpoint (about 17 minutes on 2 CPU cores)
 build_media_assets  build lesson 01b's tiny ViT and wav2vec2 checkpoints (random weights, seconds)
+site          the course as a static site (``make site``): stage lessons, exercises, docs for MkDocs; build
+site_pages    the site's pages as Markdown: a notebook with its committed outputs, the boxes, the home page
+site_markdown  Jupyter's Markdown as Python-Markdown (nested lists, blank lines); links across the site
+site_math     a Markdown extension: TeX formulas as MathML at build time (no script from a CDN)
 """
