@@ -46,10 +46,15 @@ if _missing and not required() and tier_mode() != "off":
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory) -> Path:
-    """The site, built by ``make site``'s code into a temporary folder: its html/ folder."""
+def site_extra() -> None:
+    """Fails under COURSE_BROWSER_TESTS=require when MkDocs is missing (otherwise the module was skipped)."""
     if _missing:
         pytest.fail(f"the `site` extra ({', '.join(_missing)}) is not installed; {SITE_HINT}", pytrace=False)
+
+
+@pytest.fixture(scope="module")
+def built(site_extra, tmp_path_factory) -> Path:
+    """The site, built by ``make site``'s code into a temporary folder: its html/ folder."""
     return site.build(ROOT, tmp_path_factory.mktemp("site"))
 
 
@@ -273,7 +278,7 @@ def test_the_leak_search_finds_a_solution_line_and_a_marker(built, tmp_path):
     assert leaks(copy, set()) == ["marker 'BEGIN HIDDEN TESTS'"]
 
 
-def test_a_new_docs_page_is_published_without_config_and_its_unknown_links_become_text(tmp_path):
+def test_a_new_docs_page_is_published_without_config_and_its_unknown_links_become_text(site_extra, tmp_path):
     root = tmp_path / "course"
     for name in ("notebooks/00_intro.ipynb", "exercises/00_intro/00_intro.ipynb", "mkdocs.yml"):
         (root / name).parent.mkdir(parents=True, exist_ok=True)
