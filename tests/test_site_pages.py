@@ -47,18 +47,21 @@ def test_a_table_after_text_gets_a_blank_line():
 
 def test_links_point_to_the_site_pages_and_unpublished_files_become_text():
     links = LinkMap(
-        pages={"notebooks/02_x.ipynb": "lessons/02_x.md", "docs/distributed.md": "docs/distributed.md"},
+        pages={
+            "notebooks/02_distributed_concepts.ipynb": "lessons/02_x.md",
+            "docs/distributed.md": "docs/distributed.md",
+        },
         home={"README.md"},
     )
     text = (
-        "[guide](../docs/distributed.md#one-process) [lesson](02_x.ipynb) [readme](../README.md#tests) "
+        "[guide](../docs/distributed.md#one-process) [lesson](02_distributed_concepts.ipynb) [readme](../README.md#tests) "
         "[code](../course_lib/data.py) [web](https://pytorch.org) [here](#top)\n```\n[kept](nowhere.md)\n```"
     )
-    assert links.rewrite(text, "notebooks/01_y.ipynb", "lessons/01_y.md") == (
+    assert links.rewrite(text, "notebooks/01_device_placement.ipynb", "lessons/01_y.md") == (
         "[guide](../docs/distributed.md#one-process) [lesson](02_x.md) [readme](../index.md) "
         "code [web](https://pytorch.org) [here](#top)\n```\n[kept](nowhere.md)\n```"
     )
-    assert links.unlinked == ["notebooks/01_y.ipynb: ../course_lib/data.py"]
+    assert links.unlinked == ["notebooks/01_device_placement.ipynb: ../course_lib/data.py"]
 
 
 def test_a_notebook_page_shows_code_its_text_outputs_and_its_plot_as_a_file(tmp_path):
@@ -81,7 +84,7 @@ def test_a_notebook_page_shows_code_its_text_outputs_and_its_plot_as_a_file(tmp_
         ]
     }
     links = LinkMap(pages={})
-    page = notebook_markdown(nb, "notebooks/09_t.ipynb", "lessons/09_t.md", tmp_path, links, "BOX")
+    page = notebook_markdown(nb, "notebooks/00_intro.ipynb", "lessons/09_t.md", tmp_path, links, "BOX")
     assert title_of(nb["cells"]) == "09 テスト"
     assert page.index("本文") < page.index("BOX") < page.index("```python\nprint('x')\n```")
     assert "step 2\nred" in page and "step 1" not in page and "\x1b" not in page
