@@ -218,7 +218,7 @@ GENERATED: tuple[Generated, ...] = (
     ),
     Generated(
         "pretrained",
-        ("README.md",),
+        ("docs/embedded.md",),
         "docs/results/pretrained.json",
         "python -m course_tools.experiments --json docs/results/pretrained.json"
         " && python -m course_tools.sections render pretrained",
@@ -226,14 +226,14 @@ GENERATED: tuple[Generated, ...] = (
     ),
     Generated(
         "bench",
-        ("README.md", "docs/benchmark.md"),
+        ("docs/benchmark.md",),
         "docs/results/bench.json",
         "python -m course_lib.cli.bench --json docs/results/bench.json && python -m course_tools.sections render bench",
         renderer="course_lib.benchmark.report:report_from_record",
     ),
     Generated(
         "recipe",
-        ("README.md",),
+        ("docs/recipe.md",),
         "docs/results/recipe.json",
         "python -m course_lib.cli.recipe --json docs/results/recipe.json"
         " && python -m course_tools.sections render recipe",

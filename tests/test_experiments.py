@@ -151,7 +151,8 @@ def test_fine_tuning_table_lists_both_runs_and_the_baseline():
 
 @pytest.mark.slow
 def test_cli_prints_a_table_and_rejects_bad_input(capsys, tmp_path):
-    readme, record = tmp_path / "README.md", tmp_path / "docs/results/pretrained.json"
+    readme, record = tmp_path / "docs/embedded.md", tmp_path / "docs/results/pretrained.json"
+    readme.parent.mkdir(parents=True)
     readme.write_text("# Course\n<!-- pretrained:start -->\n<!-- pretrained:end -->\nafter\n")
     argv = ["--epochs", "1", "--batch-size", "16", "--train-rows", "16", "--mlm-pairs", "8", "--no-progress"]
     assert experiments_cli.main([*argv, "--json", str(record)]) == 0

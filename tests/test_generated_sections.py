@@ -19,10 +19,9 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))
 MARKED = [
     ("README.md", "lessons"),
-    ("README.md", "pretrained"),
-    ("README.md", "bench"),
+    ("docs/embedded.md", "pretrained"),
     ("docs/benchmark.md", "bench"),
-    ("README.md", "recipe"),
+    ("docs/recipe.md", "recipe"),
 ]
 NAMES = ("lessons", "pretrained", "bench", "recipe")
 
@@ -37,6 +36,8 @@ def repo(tmp_path):
     for rel in (
         "README.md",
         "docs/benchmark.md",
+        "docs/embedded.md",
+        "docs/recipe.md",
         *(f"docs/results/{p.name}" for p in (ROOT / "docs/results").glob("*.json")),
     ):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -93,12 +94,6 @@ def test_committed_section_equals_what_its_record_renders(name):
     assert _check(name, ROOT) == []
 
 
-def test_the_readme_and_the_benchmark_page_carry_the_same_table():
-    assert sections.read_block(ROOT / "README.md", "bench") == sections.read_block(
-        ROOT / "docs/benchmark.md", "bench"
-    )
-
-
 def test_lesson_headers_state_the_readme_run_time():
     record = json.loads((ROOT / "docs/results/lessons.json").read_text(encoding="utf-8"))
     table = sections.read_block(ROOT / "README.md", "lessons")
@@ -137,7 +132,7 @@ def test_sections_check_passes_on_the_copy_and_lists_the_writers(repo, capsys):
 # The recipe table's first row as committed (re-measuring changes it): a tampered copy must be caught.
 _RECIPE_ROW = next(
     line
-    for line in sections.read_block(ROOT / "README.md", "recipe").splitlines()
+    for line in sections.read_block(ROOT / "docs/recipe.md", "recipe").splitlines()
     if line.startswith("| 1 |")
 )
 
@@ -177,7 +172,7 @@ _STEP_MS = (
         ),
         (
             "pretrained",
-            "README.md",
+            "docs/embedded.md",
             "| pretrained checkpoint | 0.888 |",
             "| pretrained checkpoint | 0.889 |",
             "course_tools.sections render pretrained",
@@ -192,7 +187,7 @@ _STEP_MS = (
         ("bench", "docs/results/bench.json", None, None, "course_tools.sections render bench"),
         (
             "recipe",
-            "README.md",
+            "docs/recipe.md",
             _RECIPE_ROW,
             _RECIPE_ROW.replace("| 1 |", "| 0 |", 1),
             "course_tools.sections render recipe",

@@ -19,7 +19,7 @@
    (one module fixture, `grading_runs`, does both). The coverage test then checks,
    from the measured scores, that every test cell is failed by a wrong answer and passed by every other
    fixture, and that every answer cell has an alternative correct answer that earns full marks.
-3. The README's instructor guide, every command as written, and the formgrader serving its result.
+3. The instructors' guide (docs/instructors.md), every command as written, and the formgrader serving its result.
 
 One thread pool (`GradingJobs`, MATRIX_WORKERS jobs at a time) runs all of it: the two course
 directories, the instructor guide and the matrix notebooks share the two cores from the start, so no
@@ -53,7 +53,7 @@ from course_tools.release import fill_answers, find_assignments, strip_solution_
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "submissions.toml"
 ALTERNATIVES = ROOT / "tests" / "fixtures" / "alternatives.toml"
-DOCS = ROOT / "README.md"  # its instructor section, between the instructor markers
+DOCS = ROOT / "docs" / "instructors.md"  # the instructors' guide, between the instructor markers
 ALL_ASSIGNMENTS = find_assignments(ROOT)
 COURSE_ID = "efficient-training"
 REFERENCE, UNTOUCHED = "reference", "untouched"
@@ -697,7 +697,7 @@ def test_point_totals_are_the_ones_the_instructor_guide_states():
         _, points = cells_of(assignment)
         measured = (round(sum(points.values())), len(points))
         assert stated.get(assignment) == measured, (
-            f"the README's instructor section should state {measured[0]} points in {measured[1]} test cells "
+            f"docs/instructors.md should state {measured[0]} points in {measured[1]} test cells "
             f"for {assignment} (the table row: | `{assignment}` | points | test cells |), not {stated.get(assignment)}"
         )
 
@@ -1006,14 +1006,14 @@ def bash_blocks(markdown: str) -> list[str]:
 
 
 def instructor_section() -> str:
-    """The README's instructor guide (between ``<!-- instructor:start -->`` and ``<!-- instructor:end -->``)."""
+    """The instructors' guide, docs/instructors.md (between ``<!-- instructor:start -->`` and ``<!-- instructor:end -->``)."""
     text = DOCS.read_text(encoding="utf-8")
     return text[text.index("<!-- instructor:start -->") : text.index("<!-- instructor:end -->")]
 
 
 @dataclass
 class InstructorRun:
-    """The README's instructor guide, run as written in a copy of the course, and the formgrader after it."""
+    """The instructors' guide (docs/instructors.md), run as written in a copy of the course, and the formgrader after it."""
 
     course: Path
     done: subprocess.CompletedProcess
@@ -1031,7 +1031,7 @@ class Formgrader:
 
 
 def run_instructor_guide(base: Path) -> InstructorRun:
-    """Every command of the README's instructor section, in order, in a copy of the course; then the
+    """Every command of the instructors' guide, in order, in a copy of the course; then the
     formgrader of the graded course (``ask_formgrader``). A job of the grading pool."""
     course = base / "course"
     course.mkdir(parents=True)

@@ -661,7 +661,8 @@ def test_quick_ladder_record_renders_into_the_readme_what_the_run_wrote(quick, c
     record, root = quick["record"], quick["dir"]
     body = ladder_report.recipe_report(record)
     assert (root / "recipe.md").read_text(encoding="utf-8") == body
-    readme = root / "README.md"
+    readme = root / "docs" / "recipe.md"  # the page the recipe block lives on
+    readme.parent.mkdir(exist_ok=True)
     readme.write_text(
         "# Course\n\n<!-- recipe:start -->\nold\n<!-- recipe:end -->\n\nafter\n", encoding="utf-8"
     )

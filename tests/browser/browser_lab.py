@@ -28,7 +28,7 @@ WIDGET_NOTE = "(interactive widget or progress bar: run the notebook to see it l
 KERNEL_START_MS = 120_000
 ENABLE_HINT = (
     "enable it with `sudo apt-get install chromium fonts-noto-cjk` and "
-    "`.venv/bin/python -m pip install -e '.[dev,browser]'` (README, Tests)"
+    "`.venv/bin/python -m pip install -e '.[dev,browser,site]'` (CONTRIBUTING, 'The browser tier')"
 )
 
 
