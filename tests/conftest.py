@@ -14,3 +14,14 @@ def ddp_run(tmp_path_factory):
     proc = _run([*DDP_STEPS, "--output-dir", str(base / "full")], base, processes=2)
     _ok(proc)
     return proc, base / "full"
+
+
+@pytest.fixture
+def group(tmp_path):
+    """A one-process gloo process group for the test, destroyed afterwards."""
+    import torch.distributed as dist
+
+    assert not dist.is_initialized(), "an earlier test left its process group behind: destroy it in a finally"
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()

@@ -8,27 +8,11 @@ import pytest
 import torch
 
 from course_lib.apparatus import accumulation_checkpointing as ac
-from course_lib.distributed import disable_dropout, flat_grads, max_abs_diff
+from course_lib.distributed import flat_grads, max_abs_diff
 from course_lib.instruments.memory import model_state_bytes, saved_tensor_bytes
-from course_lib.models import load_model
 
-TOL = 1e-5  # float32 rounding of a reordered sum is ~1e-7 here
-
-
-@pytest.fixture(scope="module")
-def model():
-    torch.manual_seed(0)
-    return disable_dropout(load_model()).train()
-
-
-@pytest.fixture(scope="module")
-def batch():
-    generator = torch.Generator().manual_seed(0)
-    input_ids = torch.randint(5, 1000, (12, 16), generator=generator)
-    attention_mask = torch.ones_like(input_ids)
-    attention_mask[::3, 10:] = 0  # some padding, as real batches have
-    labels = torch.randint(0, 2, (12,), generator=generator)
-    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+TOL = accumulation_tests.TOL
+model, batch = accumulation_tests.model, accumulation_tests.batch  # the same module-scoped fixtures
 
 
 def test_checkpointing_runs_each_layer_twice_and_keeps_the_gradients(model, batch):

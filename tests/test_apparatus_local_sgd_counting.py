@@ -15,15 +15,6 @@ from torch.nn.parallel import DistributedDataParallel
 from course_lib.apparatus import local_sgd_counting as C
 
 
-@pytest.fixture
-def group(tmp_path):
-    """A one-process gloo process group for the test, destroyed afterwards."""
-    assert not dist.is_initialized(), "an earlier test left its process group behind: destroy it in a finally"
-    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
 def _net() -> torch.nn.Module:
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2))

@@ -5,17 +5,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from course_lib.apparatus import local_sgd_record as R
-
-
-@pytest.fixture
-def group(tmp_path):
-    assert not dist.is_initialized(), "an earlier test left its process group behind: destroy it in a finally"
-    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 class _Classifier(torch.nn.Module):
