@@ -5,6 +5,7 @@ tensors."""
 import copy
 
 import pytest
+import test_apparatus_accumulation as accumulation_tests
 import torch
 
 from course_lib.apparatus import accumulation_checkpointing as ac
