@@ -12,7 +12,7 @@ RUN    := PATH="$(BIN):$$PATH"
 OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 ASSIGNMENTS := $(notdir $(wildcard solutions/*))
 
-.PHONY: setup assets lab lab-headless test test-fast lint format release check bench clean
+.PHONY: setup assets lab lab-headless test test-fast lint format release check bench mutation clean
 
 setup: $(STAMP) assets
 
@@ -97,6 +97,11 @@ $(BROWSER_STAMP): pyproject.toml | $(STAMP)
 screenshot: $(BROWSER_STAMP)
 	$(RUN) $(OFFLINE) COURSE_BROWSER_TESTS=require COURSE_SCREENSHOT="$(CURDIR)/docs/img/$(SCREENSHOT_NAME)" \
 		python -m pytest -q -p no:cacheprovider tests/browser/test_screenshot.py
+
+# Mutation testing of the training core (docs/mutation.md): every core module, or those named, e.g.
+# make mutation MODULES="course_lib/training/accum.py"; writes docs/results/mutation.json and docs/mutation.md.
+mutation: setup
+	$(RUN) $(OFFLINE) python -m course_tools.mutation run $(MODULES)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info

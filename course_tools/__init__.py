@@ -9,6 +9,7 @@ checked_outputs  which checked cells of the lessons differ on this machine (scri
 freshness     what a lesson's outputs depend on (its course_lib modules, pinned libraries); explained stderr
 sections      generated sections of the docs: rendered from a committed record, drift checks
 experiments   measure what pretraining buys (README's "pretrained" block and its record)
+mutation      mutation testing of the training core with mutmut: the score per module, kept in a record
 build_assets  rebuild the embedded pretrained checkpoint (about 17 minutes on 2 CPU cores)
 build_media_assets  build lesson 01b's tiny ViT and wav2vec2 checkpoints (random weights, seconds)
 site          the course as a static site (``make site``): stage lessons, exercises, docs for MkDocs; build
