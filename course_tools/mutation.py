@@ -274,6 +274,7 @@ def render_report(record: dict) -> str:
         lines += ["| mutant | original | mutated | why no caller can tell |", "|---|---|---|---|"]
         for _, eq in listed:
             cells = [eq["mutant"].split(".")[-1], eq["was"], eq["now"], eq["reason"]]
+            cells = [c.replace("|", "\\|") for c in cells]  # a table cell holds no bare |
             lines.append("| " + " | ".join(f"`{c}`" if i < 3 else c for i, c in enumerate(cells)) + " |")
     left = [(m, s) for m, e in modules.items() for s in e["survivors"]]
     if left:
