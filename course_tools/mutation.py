@@ -225,7 +225,15 @@ def load_mutation_record(root: Path = ROOT) -> dict:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
+MUTATION_ABOUT = (
+    "Mutation scores of the training core, one entry per module measured by `make mutation MODULES=...` "
+    "(course_tools/mutation.py, mutmut): counts, survivors, run time and the fingerprint of the code measured. "
+    "docs/mutation.md is rendered from it by `python -m course_tools.sections render mutation`."
+)
+
+
 def write_mutation_record(record: dict, root: Path = ROOT) -> None:
+    record["about"] = MUTATION_ABOUT
     record["core"] = core_modules(root)
     record["modules"] = dict(sorted(record["modules"].items()))
     (root / RECORD).write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")

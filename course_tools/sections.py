@@ -239,6 +239,13 @@ GENERATED: tuple[Generated, ...] = (
         " && python -m course_tools.sections render recipe",
         renderer="course_lib.recipe_ladder.report:recipe_report",
     ),
+    Generated(
+        "mutation",
+        ("docs/mutation.md",),
+        "docs/results/mutation.json",
+        "make mutation MODULES=<modules>  # measures, records and renders (course_tools/mutation.py)",
+        renderer="course_tools.mutation:render_report",
+    ),
 )
 
 

@@ -22,8 +22,9 @@ MARKED = [
     ("docs/embedded.md", "pretrained"),
     ("docs/benchmark.md", "bench"),
     ("docs/recipe.md", "recipe"),
+    ("docs/mutation.md", "mutation"),
 ]
-NAMES = ("lessons", "pretrained", "bench", "recipe")
+NAMES = ("lessons", "pretrained", "bench", "recipe", "mutation")
 
 
 def _check(name: str, root: Path) -> list[str]:
@@ -38,6 +39,7 @@ def repo(tmp_path):
         "docs/benchmark.md",
         "docs/embedded.md",
         "docs/recipe.md",
+        "docs/mutation.md",
         *(f"docs/results/{p.name}" for p in (ROOT / "docs/results").glob("*.json")),
     ):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
