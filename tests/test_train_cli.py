@@ -103,7 +103,7 @@ def test_one_process_checkpoints_is_killed_and_resumes_bit_exactly_with_8bit_ada
 
     proc = _run([*args, "--output-dir", str(killed), "--stop-after-steps", "2"], tmp_path)
     assert proc.returncode == command.EXIT_STOPPED, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "--stop-after-steps 2: exiting at step 2" in proc.stdout
+    assert "--stop-after-steps 2: rank 0 exiting at step 2 as if killed" in proc.stdout
     assert _checkpoints(killed) == ["checkpoint-000001", "checkpoint-000002"]  # complete, no temp folder
     assert not (killed / "final").exists() and not (killed / "metrics.json").exists()
     assert json.loads((killed / "checkpoint-000002" / "state.json").read_text())["step"] == 2
