@@ -317,9 +317,12 @@ class OnCuda(Rank):
 
 def test_a_gpu_run_saves_and_restores_each_rank_s_cuda_random_stream(tmp_path, gathered, monkeypatch):
     """The CUDA RNG calls are faked (no GPU needed): what is saved for the device is what is set back."""
-    cuda_states = {"now": torch.tensor([1, 2, 3], dtype=torch.uint8)}
+
+    def get_rng_state(device="cuda"):  # the device's own stream: this rank's, not the current device's
+        return torch.tensor([1, 2, 3] if device == torch.device("cuda") else [0], dtype=torch.uint8)
+
     restored = []
-    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device=None: cuda_states["now"].clone())
+    monkeypatch.setattr(torch.cuda, "get_rng_state", get_rng_state)
     monkeypatch.setattr(
         torch.cuda, "set_rng_state", lambda state, device=None: restored.append((state, device))
     )
