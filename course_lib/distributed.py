@@ -6,6 +6,7 @@ The building blocks that the training command (``python -m course_lib.cli.train`
 * ``ShardedLoader``       a DataLoader over this rank's shard, its batches on this rank's device
 * ``launch``              run a function in N local processes joined by ``torch.distributed``; collect
                           what each rank returns (gloo on CPU, nccl with one GPU per process)
+* ``join_elastic_group`` under torchrun: one attempt's keys apart from the last one's (``--max-restarts``)
 * ``restore_signal_handlers``  wrap ``accelerate.notebook_launcher`` so the kernel keeps its handlers
 * ``average_gradients``   the all-reduce that DistributedDataParallel performs inside ``backward``
 * ``flat_params`` / ``flat_grads`` / ``same_on_all_ranks``  compare the replicas
@@ -255,6 +256,33 @@ def _run_rank(rank, fn, world_size, backend, threads, timeout_s, out_dir, args) 
         dist.barrier()  # every rank has saved its result before any rank tears the group down
     finally:
         dist.destroy_process_group()
+
+
+def join_elastic_group(backend: str, env: dict[str, str] | None = None, timeout_s: float = 1800) -> bool:
+    """Under torchrun, form the default process group with this attempt's keys apart from earlier ones'.
+
+    torchrun (torch 2.13) hands its own rendezvous store to the workers (``TORCHELASTIC_USE_AGENT_STORE``)
+    and keeps it across ``--max-restarts``, without a per-attempt prefix: a restarted group can read the
+    dead attempt's addresses and stop in ``Gloo connectFullMesh failed ... Connection refused`` (measured:
+    3 of 6 restarts on this course's machine; pytorch/pytorch#135712). The attempt number
+    (``TORCHELASTIC_RESTART_COUNT``) scopes the keys. Every agent counts its own attempts: with several
+    nodes and ``--rdzv-backend c10d`` the counts can differ, so there set
+    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (a fresh store per attempt; then this does nothing).
+
+    Returns True when it formed the group; False when there is nothing to do (no agent store, or a group
+    exists). Accelerate then joins the group it finds."""
+    env = os.environ if env is None else env
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or dist.is_initialized():
+        return False
+    world, rank = int(env["WORLD_SIZE"]), int(env["RANK"])
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store = dist.TCPStore(
+        env["MASTER_ADDR"], int(env["MASTER_PORT"]), world, is_master=False, timeout=timeout
+    )
+    attempt = int(env.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    scoped = dist.PrefixStore(f"course-attempt-{attempt}", store)
+    dist.init_process_group(backend, store=scoped, rank=rank, world_size=world, timeout=timeout)
+    return True
 
 
 @contextmanager

@@ -336,3 +336,25 @@ def test_disable_dropout_zeroes_the_modules_and_the_config():
     model = disable_dropout(load_model())
     assert all(m.p == 0.0 for m in model.modules() if isinstance(m, torch.nn.Dropout))
     assert model.config.dropout == model.config.attention_dropout == model.config.seq_classif_dropout == 0.0
+
+
+def test_join_elastic_group_keeps_each_attempt_to_its_own_keys_in_the_agent_store():
+    """torchrun's agent store outlives an attempt; the restarted group must not read the dead one's keys."""
+    import datetime
+
+    import torch.distributed as dist
+
+    agent = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=datetime.timedelta(seconds=30))
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(agent.port), "WORLD_SIZE": "1", "RANK": "0"}
+    assert not D.join_elastic_group("gloo", env)  # no agent store: Accelerate forms the group itself
+    assert not dist.is_initialized()
+    env |= {"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTART_COUNT": "1"}
+    try:
+        assert D.join_elastic_group("gloo", env, timeout_s=30)
+        assert dist.is_initialized() and dist.get_world_size() == 1
+        assert not D.join_elastic_group("gloo", env)  # a group exists: nothing to do
+        keys = agent.list_keys()  # what the group's forming wrote: all under this attempt's prefix
+        assert keys and all(k.startswith("course-attempt-1/") for k in keys), keys
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

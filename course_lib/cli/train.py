@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from course_lib import checkpoints, data, models, training
+from course_lib import checkpoints, data, distributed, models, training
 from course_lib.cli.train_options import SET_BY_COMMAND, TRAIN_FLAGS, RunConfig, parse_args
 from course_lib.devices import seed_everything
 from course_lib.instruments.throughput import format_per_process, per_process_throughput
@@ -98,6 +98,8 @@ def make_accelerator(cfg: RunConfig):
     # Without CUDA, Accelerate joins a multi-process launch only when told cpu=True (MULTI_CPU, gloo).
     cpu = cfg.cpu or (launched > 1 and not torch.cuda.is_available())
     precision = resolve_precision(cfg.precision, cpu)
+    if launched > 1:  # torchrun: each attempt of a restarted group keeps to its own keys
+        distributed.join_elastic_group("nccl" if torch.cuda.is_available() and not cpu else "gloo")
     accelerator = Accelerator(cpu=cpu, mixed_precision=precision, step_scheduler_with_optimizer=False)
     if accelerator.num_processes != launched:
         raise RuntimeError(
