@@ -43,6 +43,12 @@ _FRAME_PLOT_JS = """image => {
   const top = cell ? cell.getBoundingClientRect().top - view.top - 8 : Infinity;
   const bottom = image.getBoundingClientRect().bottom - view.bottom + 16;
   scroller.scrollTop += (cell && bottom <= top) ? top : bottom;
+  // JupyterLab draws the cells near the view as it scrolls, and their heights move what is below them:
+  // the caller frames again until the whole plot has stayed in the window for 3 polls in a row.
+  const r = image.getBoundingClientRect(), now = scroller.getBoundingClientRect();
+  const inside = r.height > 0 && r.top >= now.top && r.bottom <= now.bottom;
+  window.__plotFramed = inside ? (window.__plotFramed || 0) + 1 : 0;
+  return window.__plotFramed >= 3;
 }"""
 
 _IN_VIEW_JS = """() => {
@@ -78,7 +84,7 @@ def test_a_lesson_with_its_plots_in_jupyterlab(page, lab, tmp_path):
     page.wait_for_function(_SCROLL_TO_PLOT_JS, polling=300, timeout=60_000)
     plot = page.locator(".jp-NotebookPanel .jp-OutputArea-output img").first
     plot.scroll_into_view_if_needed()
-    plot.evaluate(_FRAME_PLOT_JS)
+    page.wait_for_function(_FRAME_PLOT_JS, arg=plot.element_handle(), polling=300, timeout=30_000)
     expect(plot).to_be_in_viewport(ratio=1)
     page.wait_for_function(
         "() => [...document.querySelectorAll('.jp-NotebookPanel img')].every(i => i.complete)"
