@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from course_lib import training
+from course_lib.training.clip import clip_gradients
 from course_lib.training.metrics import evaluate
 
 
@@ -341,3 +342,35 @@ def test_a_new_schedule_starts_at_the_first_step_s_rate():
     optimizer = torch.optim.SGD(Rows().parameters(), lr=0.3)
     training.make_scheduler(optimizer, total_steps=10, warmup_ratio=0.3)
     assert optimizer.param_groups[0]["lr"] == pytest.approx(0.1)  # 1/3 of lr: warm-up step 1 of 3
+
+
+def test_the_history_leaves_the_first_step_out_of_its_medians_by_default():
+    """The first optimizer step carries the warm-up (allocation, kernel choice): the medians leave it out
+    unless told otherwise, and tokens per second is tokens over seconds, step by step."""
+    history = training.History(config={})
+    history.step_times = [10.0, 1.0, 2.0, 9.0]  # the first step is the slow warm-up
+    history.step_tokens = [1000, 10, 40, 90]  # per step: 100, 10, 20, 10 tokens per second
+    assert history.median_step_time() == 2.0  # median of 1, 2, 9
+    assert history.median_step_time(skip=0) == 5.5
+    assert history.tokens_per_s() == 10.0  # median of 10, 20, 10
+    assert history.tokens_per_s(skip=0) == 15.0
+
+
+def test_clipping_reports_the_norm_over_every_ranks_shards_under_fsdp(monkeypatch):
+    """Under FSDP, clip_grad_norm_ returns the norm as a DTensor whose local value is this rank's part;
+    the reported norm is the full one (``full_tensor``), as every rank's log must agree. A one-process
+    group cannot tell the two apart, so a stand-in norm plays a rank's sharded one."""
+
+    class ShardedNorm:
+        def full_tensor(self):
+            return torch.tensor(5.0)  # the norm over all ranks' shards
+
+        def __float__(self):
+            return 1.0  # this rank's part only
+
+    unscaled = []
+    backend = SimpleNamespace(unscale=unscaled.append)
+    model = torch.nn.Linear(2, 1)
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda params, max_norm: ShardedNorm())
+    assert clip_gradients(backend, model, "the optimizer", 1.0) == 5.0
+    assert unscaled == ["the optimizer"]  # unscaled before clipping
