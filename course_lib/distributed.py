@@ -266,8 +266,9 @@ def join_elastic_group(backend: str, env: dict[str, str] | None = None, timeout_
     dead attempt's addresses and stop in ``Gloo connectFullMesh failed ... Connection refused`` (measured:
     6 of 11 restarts of tests/test_multinode.py on this course's machine, 0 of 12 with this;
     pytorch/pytorch#135712). The attempt number (``TORCHELASTIC_RESTART_COUNT``) scopes the keys. Every
-    agent counts its own attempts: with several nodes and ``--rdzv-backend c10d`` the counts can differ, so there set
-    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (a fresh store per attempt; then this does nothing).
+    agent counts its own attempts: with several nodes and ``--rdzv-backend c10d`` the counts can differ,
+    so there set ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (a fresh store per attempt; then this does
+    nothing).
 
     Returns True when it formed the group; False when there is nothing to do (no agent store, or a group
     exists). Accelerate then joins the group it finds."""
