@@ -56,6 +56,12 @@ TESTS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "course_lib/training/accelerator.py",
         ("tests/test_training_accelerator.py", "tests/test_training.py", "tests/test_core_training.py"),
     ),
+    # the technique files: their own behaviour tests (the loop's tests call them, but check the run, not them)
+    ("course_lib/training/kernels.py", ("tests/test_core_techniques.py",)),
+    ("course_lib/training/amp.py", ("tests/test_core_techniques.py",)),
+    ("course_lib/training/activation_checkpointing.py", ("tests/test_core_techniques.py",)),
+    ("course_lib/training/slides.py", ("tests/test_core_techniques.py",)),
+    ("course_lib/training/local_sgd.py", ("tests/test_core_techniques.py",)),
     ("course_lib/training/*.py", ("tests/test_training.py", "tests/test_core_training.py")),
     (
         "course_lib/checkpoints.py",
