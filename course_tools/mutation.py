@@ -54,7 +54,7 @@ TESTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ),
     (
         "course_lib/training/accelerator.py",
-        ("tests/test_training_accelerator.py", "tests/test_training.py", "tests/test_core_training.py"),
+        ("tests/test_training_accelerator.py", "tests/test_core_parallel.py"),
     ),
     # the technique files: their own behaviour tests (the loop's tests call them, but check the run, not them)
     ("course_lib/training/kernels.py", ("tests/test_core_techniques.py",)),
@@ -62,6 +62,16 @@ TESTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("course_lib/training/activation_checkpointing.py", ("tests/test_core_techniques.py",)),
     ("course_lib/training/slides.py", ("tests/test_core_techniques.py",)),
     ("course_lib/training/local_sgd.py", ("tests/test_core_techniques.py",)),
+    ("course_lib/training/ddp.py", ("tests/test_core_parallel.py",)),
+    (
+        "course_lib/training/fsdp.py",
+        (
+            "tests/test_train_fsdp.py",
+            "tests/test_core_checkpoints.py",
+            "tests/test_core_parallel.py",
+            "tests/test_core_fsdp.py",
+        ),
+    ),
     ("course_lib/training/*.py", ("tests/test_training.py", "tests/test_core_training.py")),
     (
         "course_lib/checkpoints.py",
@@ -75,10 +85,10 @@ TESTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ),
     (
         "course_lib/instruments/replicas.py",
-        ("tests/test_instruments_replicas.py", "tests/test_instruments.py"),
+        ("tests/test_instruments_replicas.py", "tests/test_instruments.py", "tests/test_core_instruments.py"),
     ),
     ("course_lib/instruments/*.py", ("tests/test_instruments.py", "tests/test_core_instruments.py")),
-    ("course_lib/memory_*.py", ("tests/test_memory_model.py",)),
+    ("course_lib/memory_*.py", ("tests/test_memory_model.py", "tests/test_core_memory_model.py")),
 )
 
 # mutmut's exit codes, grouped as the record counts them (mutmut.stats.status_by_exit_code)
