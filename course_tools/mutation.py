@@ -72,6 +72,9 @@ TESTS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "tests/test_core_fsdp.py",
         ),
     ),
+    # the loop: its behaviour tests on models whose steps take microseconds (test_training's DistilBERT
+    # runs would make each of its mutants a minute's run)
+    ("course_lib/training/loop.py", ("tests/test_core_training.py", "tests/test_core_loop.py")),
     ("course_lib/training/*.py", ("tests/test_training.py", "tests/test_core_training.py")),
     (
         "course_lib/checkpoints.py",
