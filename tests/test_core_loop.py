@@ -10,8 +10,11 @@ import warnings
 from dataclasses import asdict
 from types import SimpleNamespace
 
+# torch._dynamo imported at collection: a run's first step imports it (seconds), and mutmut's fork server
+# collects once, so each mutant's run does not pay that again
 import pytest
 import torch
+import torch._dynamo  # noqa: F401
 
 from course_lib import training
 from course_lib.training.accelerator import reset_accelerate_state

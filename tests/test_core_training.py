@@ -8,8 +8,11 @@ batches a resumed run trains on, from every kind of position in an epoch and an 
 import warnings
 from types import SimpleNamespace
 
+# torch._dynamo imported at collection: a run's first step imports it (seconds), and mutmut's fork server
+# collects once, so each mutant's run does not pay that again
 import pytest
 import torch
+import torch._dynamo  # noqa: F401
 
 from course_lib import training
 from course_lib.training.clip import clip_gradients
