@@ -7,7 +7,9 @@ tests/test_core_training.py holds the loop's evaluation, schedule and resume pos
 
 import math
 import warnings
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict
+from pathlib import Path
 from types import SimpleNamespace
 
 # torch._dynamo imported at collection: a run's first step imports it (seconds), and mutmut's fork server
@@ -17,6 +19,8 @@ import torch
 import torch._dynamo  # noqa: F401
 
 from course_lib import training
+from course_lib.devices import get_device
+from course_lib.training import loop as loop_module
 from course_lib.training.accelerator import reset_accelerate_state
 
 # ----------------------------------------------------------------------------------------------
@@ -357,3 +361,237 @@ def test_fsdp_with_an_optimizer_made_before_sharding_is_refused():
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     with pytest.raises(ValueError, match="fsdp with an optimizer passed in"):
         training.train(model, _batches(1), _config(fsdp=True), optimizer=optimizer)
+
+
+# ----------------------------------------------------------------------------------------------
+# train: what it hands the techniques, on the backends where they act
+
+
+class Recording(Noisy):
+    """Records DDP's calls (``no_sync``, ``register_comm_hook``) and each forward's autocast dtype."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.no_syncs, self.hooks, self.dtypes = 0, [], []
+
+    @contextmanager
+    def no_sync(self):
+        self.no_syncs += 1
+        yield
+
+    def register_comm_hook(self, state, hook):
+        self.hooks.append(hook.__name__)
+
+    def forward(self, input_ids, labels):
+        out = super().forward(input_ids, labels)
+        self.dtypes.append(self.linear(input_ids).dtype)
+        return out
+
+
+def test_the_comm_hook_asked_for_reaches_a_ddp_model():
+    model = Recording()
+    training.train(model, _batches(1), _config(comm_hook="fp16"))
+    assert model.hooks == ["fp16_compress_hook"]
+    training.train(model, _batches(1), _config())
+    assert model.hooks == ["fp16_compress_hook"]  # "none": DDP's own all-reduce, no hook
+
+
+def test_ddp_communicates_only_in_each_window_s_last_backward():
+    model = Recording()
+    training.train(model, _batches(7), _config(grad_accum_steps=3))  # windows 3, 3, 1
+    assert model.no_syncs == 2 + 2 + 0
+
+
+def test_a_bf16_run_trains_and_evaluates_under_bf16_autocast():
+    model = Recording()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a CPU without native bf16 warns: not what this test checks
+        history = training.train(model, _batches(2), _config(precision="bf16"), eval_dataloader=_batches(1))
+    assert history.config["precision"] == "bf16"
+    assert set(model.dtypes) == {torch.bfloat16}  # 2 training forwards and 1 evaluation forward
+    assert len(model.dtypes) == 3
+
+
+@pytest.mark.filterwarnings("ignore:fp16 on a CPU is a trap")
+def test_an_fp16_run_steps_through_the_scaler_and_clips_the_true_gradients():
+    history = training.train(Noisy(), _batches(3), _config(precision="fp16", max_grad_norm=1.0))
+    assert len(history.scaler_scales) == 3  # the GradScaler's state recorded each step
+    assert all(isinstance(n, float) and 0 < n < 1e3 for n in history.grad_norms)  # unscaled: not x65536
+
+
+def test_the_precision_is_judged_for_the_device_the_run_uses(monkeypatch):
+    """fp16 on a CPU warns even when a GPU is present (faked here) and the config asks for the CPU."""
+    from course_lib.mixed_precision import PrecisionWarning
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.warns(PrecisionWarning, match="fp16 on a CPU is a trap"):
+        training.train(Noisy(), _batches(1), _config(precision="fp16"))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine with CUDA trains there")
+def test_the_device_asked_for_is_the_one_used():
+    with pytest.raises(RuntimeError, match="CUDA is not available"):
+        training.train(Noisy(), _batches(1), _config(device="cuda"))
+    history = training.train(Noisy(), _batches(1), _config(device=None))
+    assert history.config["device"] == str(get_device(None))
+
+
+def test_a_run_resumed_at_its_last_step_trains_no_more():
+    history = training.train(
+        Noisy(), _batches(4), _config(epochs=2), start_step=8, eval_dataloader=_batches(1)
+    )
+    assert history.losses == [] and history.evals == []
+
+
+def test_stopping_early_at_an_epoch_s_end_ends_the_run():
+    history = training.train(Noisy(), _batches(2), _config(epochs=3), on_step=lambda s: s == 2)
+    assert len(history.losses) == 2
+
+
+def test_the_progress_bar_redraws_a_bounded_number_of_times_and_shows_the_loss(capsys, monkeypatch):
+    """A bar that redraws every step sends a message per step (in a notebook, a kernel message each):
+    the loop asks tqdm for at most about PROGRESS_REDRAWS redraws, at least PROGRESS_INTERVAL apart, and
+    no reset of that pacing by tqdm's monitor thread (maxinterval=inf)."""
+    from course_lib.training import loop
+
+    asked = []
+    real = loop.tqdm
+
+    def watched(*args, **kwargs):
+        asked.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "tqdm", watched)
+    monkeypatch.setattr(loop, "PROGRESS_INTERVAL", 0.0)  # pace by count only, so the count shows
+    history = training.train(Noisy(), _batches(100, size=1), _config(progress=True), start_step=20)
+    (kwargs,) = asked
+    assert kwargs["miniters"] == math.ceil(80 / loop.PROGRESS_REDRAWS)
+    assert kwargs["mininterval"] == 0.0 and kwargs["maxinterval"] == float("inf")
+    err = capsys.readouterr().err
+    assert err.count("\r") <= loop.PROGRESS_REDRAWS + 3  # about one redraw per 4 of the 80 steps
+    assert f"loss={history.losses[-1]:.3f}" in err
+
+
+class Stacked(Noisy):
+    """Two blocks in a ModuleList (what FSDP shards one by one) before the classifier."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)])
+
+    def forward(self, input_ids, labels):
+        from transformers.modeling_outputs import SequenceClassifierOutput
+
+        for block in self.blocks:
+            input_ids = block(input_ids)
+        logits = self.linear(input_ids)
+        # a ModelOutput, as a transformers model returns: FSDP2 finds its tensors to hook the backward on
+        loss = torch.nn.functional.cross_entropy(logits, labels)
+        return SequenceClassifierOutput(loss=loss, logits=logits)
+
+
+class LocalSgdAccelerator:
+    """An Accelerator of several CPU processes, for the loop: prepare hands back what it gets, and
+    LocalSGD's averaging (``wait_for_everyone``, then a mean per parameter) is recorded per step."""
+
+    device, mixed_precision, is_main_process, scaler = torch.device("cpu"), "no", True, None
+
+    def __init__(self, distributed_type="MULTI_CPU") -> None:
+        from accelerate.utils import DistributedType
+
+        self.distributed_type = DistributedType(distributed_type)
+        self.averaged_at: list[int] = []
+        self.steps = 0
+        self.prepared = None
+
+    def prepare(self, *objects):
+        self.prepared = objects
+        return objects if len(objects) > 1 else objects[0]
+
+    def backward(self, loss):
+        loss.backward()
+
+    def wait_for_everyone(self):
+        self.averaged_at.append(self.steps)
+
+    def autocast(self):
+        return nullcontext()
+
+    def reduce(self, tensor, reduction):
+        return tensor
+
+
+@pytest.mark.parametrize("start_step", [0, 1])
+def test_local_sgd_averages_on_the_run_s_schedule(start_step):
+    """5 steps with local_sgd_steps=2: averaged within steps 2 and 4 (after the step, before on_step
+    records it: the accelerator still reads 1 and 3) and once more as the block closes after step 5; a
+    run resumed after step 1 keeps the schedule of the whole run."""
+    accelerator = LocalSgdAccelerator()
+    accelerator.steps = start_step
+    model = Recording()
+    training.train(
+        model,
+        _batches(5),
+        _config(local_sgd_steps=2),
+        accelerator=accelerator,
+        start_step=start_step,
+        on_step=lambda s: setattr(accelerator, "steps", s),
+    )
+    assert accelerator.averaged_at == [1, 3, 5]
+
+
+def test_an_accelerator_that_shards_is_left_to_shard(group):
+    """An FSDP Accelerator shards in prepare: the loop neither shards the model nor refuses its optimizer."""
+    from course_lib.training.fsdp import is_sharded
+
+    accelerator = LocalSgdAccelerator("FSDP")
+    model = Noisy()
+    training.train(model, _batches(1), _config(fsdp=True), accelerator=accelerator)
+    assert not is_sharded(model) and accelerator.prepared[0] is model
+    other = Noisy()
+    optimizer = torch.optim.SGD(other.parameters(), lr=0.1)
+    training.train(other, _batches(1), _config(fsdp=True), accelerator=accelerator, optimizer=optimizer)
+    assert not is_sharded(other)
+
+
+def test_fsdp_shards_the_model_before_building_its_optimizer(group):
+    from torch.distributed.tensor import DTensor
+
+    from course_lib.training.fsdp import is_sharded
+
+    model = Stacked()
+    optimizer = training.build_optimizer(model, _config(fsdp=True))
+    assert is_sharded(model)
+    assert all(isinstance(p, DTensor) for g in optimizer.param_groups for p in g["params"])
+
+
+def test_fsdp_under_an_accelerator_shards_on_the_accelerator_s_device(group):
+    from course_lib.training.fsdp import is_sharded
+
+    accelerator = SimpleNamespace(device=torch.device("meta"), distributed_type=None)
+    model = Stacked()
+    training.build_optimizer(model, _config(fsdp=True, fused_optimizer=False), accelerator=accelerator)
+    assert is_sharded(model) and model.linear.weight.device.type == "meta"
+    plain = Stacked()  # without fsdp the Accelerator's prepare places the model, not build_optimizer
+    training.build_optimizer(plain, _config(), accelerator=accelerator)
+    assert plain.linear.weight.device.type == "cpu"
+
+
+def test_a_model_sharded_before_train_trains_with_an_optimizer_built_after(group):
+    from course_lib.training.fsdp import shard_model
+
+    model = shard_model(Stacked())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    history = training.train(model, _batches(2), _config(fsdp=True), optimizer=optimizer)
+    assert len(history.losses) == 2
+
+
+@pytest.mark.skipif(
+    "mutants" in Path(loop_module.__file__).parts,
+    reason="under mutmut a trampoline frame sits between the caller and train",
+)
+def test_the_non_finite_warning_points_at_the_caller_s_line():
+    batches = [{"input_ids": torch.full((2, 4), float("inf")), "labels": torch.tensor([0, 1])}]
+    with pytest.warns(UserWarning, match="not finite") as seen:
+        training.train(Noisy(), batches, _config())
+    assert [w.filename for w in seen] == [__file__]
