@@ -470,6 +470,8 @@ def test_the_progress_bar_redraws_a_bounded_number_of_times_and_shows_the_loss(c
     err = capsys.readouterr().err
     assert err.count("\r") <= loop.PROGRESS_REDRAWS + 3  # about one redraw per 4 of the 80 steps
     assert f"loss={history.losses[-1]:.3f}" in err
+    training.train(Noisy(), _batches(10, size=1), _config(progress=True))
+    assert asked[-1]["miniters"] == 1  # a short run redraws at every step
 
 
 class Stacked(Noisy):
