@@ -20,23 +20,9 @@ import pytest
 import torch
 import torch.distributed as dist
 from accelerate.utils import DistributedType
+from test_core_checkpoints import Blocks  # two blocks in a ModuleList and a head: 50 parameters
 
 from course_lib.training import fsdp
-
-
-class Blocks(torch.nn.Module):
-    """Two blocks in a ModuleList (what ``shard_model`` shards one by one) and a head: 50 parameters."""
-
-    def __init__(self, seed: int = 0) -> None:
-        super().__init__()
-        torch.manual_seed(seed)
-        self.layers = torch.nn.ModuleList([torch.nn.Linear(4, 4) for _ in range(2)])
-        self.head = torch.nn.Linear(4, 2)
-
-    def forward(self, x):
-        for layer in self.layers:
-            x = layer(x)
-        return self.head(x)
 
 
 def _accelerator(kind: DistributedType) -> SimpleNamespace:

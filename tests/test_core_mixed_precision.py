@@ -338,7 +338,7 @@ def test_advice_refuses_an_fp32_speed_that_is_not_positive(fp32):
         ((6, 1), "no"),
     ],
 )
-def test_best_precision_on_a_gpu_follows_its_compute_capability(two_gpus, capability, expected):
+def test_best_precision_judges_the_gpu_asked_for_not_the_current_one(two_gpus, capability, expected):
     two_gpus[1] = capability  # cuda:0, the current GPU, stays at 9.0
     assert mp.best_precision("cuda:1") == expected
     assert mp.gpu_has_native_bf16("cuda:1") is (expected == "bf16")
