@@ -6,6 +6,7 @@ wraps a real ``DistributedDataParallel``, whose all-reduce of one rank returns t
 what the hook and ``no_sync`` do to it shows in the gradient's value.
 """
 
+import sys
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
@@ -276,14 +277,24 @@ def test_fresh_accelerator_warns_for_fp16_on_a_cpu_only():
     reset_accelerate_state()
 
 
-@pytest.mark.skipif(
-    "mutants" in Path(accelerator.__file__).parts,
-    reason="under mutmut a trampoline frame sits between the caller and fresh_accelerator",
-)
-def test_the_fp16_on_cpu_warning_points_at_the_caller_s_line():
+def test_the_fp16_on_cpu_warning_points_at_the_caller_s_line(monkeypatch):
+    # Where fresh_accelerator was called from, read off the stack by a spy on the first function it
+    # calls: the frame above fresh_accelerator's, so the check also holds where fresh_accelerator is
+    # wrapped (mutmut's trampoline is such a wrapper).
+    callers = []
+    real = accelerator.reset_accelerate_state
+
+    def spy():
+        frame = sys._getframe(2)  # 0: this spy, 1: fresh_accelerator, 2: whoever called it
+        callers.append((frame.f_code.co_filename, frame.f_lineno))
+        real()
+
+    monkeypatch.setattr(accelerator, "reset_accelerate_state", spy)
     with pytest.warns(UserWarning, match="on a CPU does nothing") as seen:
         fresh_accelerator(cpu=True, mixed_precision="fp16")
-    assert [w.filename for w in seen] == [__file__]
+    assert [(w.filename, w.lineno) for w in seen] == callers
+    if "mutants" not in Path(accelerator.__file__).parts:
+        assert callers[0][0] == __file__
     reset_accelerate_state()
 
 
