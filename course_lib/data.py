@@ -161,15 +161,10 @@ class LengthGroupedBatchSampler(Sampler[list[int]]):
             # longest first, so a mega-batch's one short batch holds its shortest rows
             mega = sorted(order[start : start + size], key=lambda i: self.lengths[i], reverse=True)
             batches += [mega[i : i + self.batch_size] for i in range(0, len(mega), self.batch_size)]
+        # Every mega-batch but the last holds mega_batches x batch_size rows, so only the last batch of
+        # the last one can be short: it goes last (or is dropped), out of the shuffle.
         full = [b for b in batches if len(b) == self.batch_size]
-        short = [b for b in batches if len(b) < self.batch_size]  # at most one per mega-batch
-        # Leftover rows of the short batches form full batches again; the remainder goes last (or is dropped).
-        rest = [i for b in short for i in b]
-        full += [
-            rest[i : i + self.batch_size]
-            for i in range(0, len(rest) - len(rest) % self.batch_size, self.batch_size)
-        ]
-        tail = rest[len(rest) - len(rest) % self.batch_size :]
+        tail = [i for b in batches if len(b) < self.batch_size for i in b]
         # the same generator, drawn on: the batch order too is a pure function of (seed, epoch)
         shuffled = [full[i] for i in torch.randperm(len(full), generator=generator).tolist()]
         return shuffled + ([tail] if tail and not self.drop_last else [])

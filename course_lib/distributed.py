@@ -127,8 +127,9 @@ class ShardedLoader:
             sampler=self.sampler,
             collate_fn=collate_fn,
             generator=torch.Generator().manual_seed(seed),
+            drop_last=drop_last,  # the last, smaller batch of this rank's shard
         )
-        self.batch_size = batch_size
+        self.batch_size, self.drop_last = batch_size, drop_last
         self.device = torch.device(device)
 
     def __len__(self) -> int:
@@ -141,7 +142,8 @@ class ShardedLoader:
     def batch_indices(self) -> list[list[int]]:
         """Dataset row indices of each batch this rank reads in the current epoch."""
         rows = list(self.sampler)
-        return [rows[i : i + self.batch_size] for i in range(0, len(rows), self.batch_size)]
+        batches = [rows[i : i + self.batch_size] for i in range(0, len(rows), self.batch_size)]
+        return [b for b in batches if len(b) == self.batch_size] if self.drop_last else batches
 
 
 # ---------------------------------------------------------------------------------------------

@@ -537,11 +537,6 @@ def test_length_grouped_training_batches_drop_the_last_smaller_batch_when_asked(
     assert [len(b["labels"]) for b in dropped] == [4, 4] and len(dropped) == 2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: without group_by_length, drop_last only reaches DistributedSampler (even shards across "
-    "processes), so one process still gets the last, smaller batch (course_lib/data.py, make_train_loader)",
-)
 def test_one_process_s_training_batches_drop_the_last_smaller_batch_when_asked(split, tokenizer):
     loader = data.make_train_loader(split.select(range(10)), tokenizer, 4, drop_last=True)
     assert [len(b["labels"]) for b in loader] == [4, 4]
