@@ -22,6 +22,7 @@ import os
 import signal
 import socket
 import tempfile
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -268,15 +269,26 @@ def join_elastic_group(backend: str, env: dict[str, str] | None = None, timeout_
     dead attempt's addresses and stop in ``Gloo connectFullMesh failed ... Connection refused`` (measured:
     6 of 11 restarts of tests/test_multinode.py on this course's machine, 0 of 12 with this;
     pytorch/pytorch#135712). The attempt number (``TORCHELASTIC_RESTART_COUNT``) scopes the keys. Every
-    agent counts its own attempts: with several nodes and ``--rdzv-backend c10d`` the counts can differ,
-    so there set ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (a fresh store per attempt; then this does
-    nothing).
+    agent counts its own attempts: with several nodes and ``--rdzv-backend c10d`` the counts can differ
+    (a node whose worker did not fail restarts without counting), so there set
+    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (a fresh store per attempt; then this does nothing). With
+    several nodes and ``--max-restarts``, each node's first worker warns until it is set.
 
     Returns True when it formed the group; False when there is nothing to do (no agent store, or a group
     exists). Accelerate then joins the group it finds."""
     env = os.environ if env is None else env
     if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or dist.is_initialized():
         return False
+    nodes, restarts = int(env.get("GROUP_WORLD_SIZE", "1")), int(env.get("TORCHELASTIC_MAX_RESTARTS", "0"))
+    if nodes > 1 and restarts > 0 and env.get("LOCAL_RANK", "0") == "0":
+        warnings.warn(
+            f"torchrun: {nodes} nodes with --max-restarts {restarts} share one rendezvous store across "
+            "restarts, and each node counts its own attempts: a restarted group can fail in 'Gloo "
+            "connectFullMesh failed ... Connection refused' (pytorch/pytorch#135712). Set "
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 on every node (docs/distributed.md).",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     world, rank = int(env["WORLD_SIZE"]), int(env["RANK"])
     timeout = datetime.timedelta(seconds=timeout_s)
     store = dist.TCPStore(

@@ -12,7 +12,9 @@ the code only asks how many there are; where a GPU would hold the tensors, the `
 import datetime
 import os
 import socket
+import sys
 import threading
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -457,6 +459,50 @@ def test_join_elastic_group_forms_the_group_with_the_backend_and_timeout_asked_f
         # the store a rank waits on for its peers gives up after the same time
         assert dist.distributed_c10d._get_default_store().timeout == datetime.timedelta(seconds=45)
         assert all(k.startswith("course-attempt-2/") for k in agent.list_keys())
+
+
+@pytest.mark.parametrize(
+    "launch, warns",
+    [
+        ({"GROUP_WORLD_SIZE": "2", "TORCHELASTIC_MAX_RESTARTS": "3", "LOCAL_RANK": "0"}, True),
+        ({"GROUP_WORLD_SIZE": "2", "TORCHELASTIC_MAX_RESTARTS": "1"}, True),  # no LOCAL_RANK: the first
+        ({"GROUP_WORLD_SIZE": "2", "TORCHELASTIC_MAX_RESTARTS": "1", "LOCAL_RANK": "1"}, False),  # said once
+        ({"GROUP_WORLD_SIZE": "2", "TORCHELASTIC_MAX_RESTARTS": "0"}, False),  # nothing restarts
+        ({"GROUP_WORLD_SIZE": "2"}, False),  # torchrun's default: no restarts
+        ({"GROUP_WORLD_SIZE": "1", "TORCHELASTIC_MAX_RESTARTS": "3"}, False),  # one node counts alike
+        ({"TORCHELASTIC_MAX_RESTARTS": "3"}, False),  # no node count: one node
+    ],
+)
+def test_several_nodes_that_may_restart_are_told_to_give_each_attempt_a_fresh_store(launch, warns):
+    agent = _agent_store()
+    env = _CallerSpy(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(agent.port), WORLD_SIZE="1", RANK="0")
+    env.update({"TORCHELASTIC_USE_AGENT_STORE": "True", **launch})
+    with _destroyed_afterwards(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert D.join_elastic_group("gloo", env)
+    said = [w for w in caught if w.category is RuntimeWarning]
+    assert len(said) == int(warns), [str(w.message) for w in said]
+    if warns:
+        nodes, restarts = launch["GROUP_WORLD_SIZE"], launch["TORCHELASTIC_MAX_RESTARTS"]
+        assert f"{nodes} nodes with --max-restarts {restarts}" in str(said[0].message)
+        assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 on every node" in str(said[0].message)
+        # the worker's log points at the line that joined the group, not inside course_lib
+        assert (said[0].filename, said[0].lineno) == env.caller
+        if "mutants" not in Path(D.__file__).parts:
+            assert env.caller[0] == __file__
+
+
+class _CallerSpy(dict):
+    """An environment that notes who called the function reading it: the frame above that function's,
+    so the check also holds where the function is wrapped (mutmut's trampoline is such a wrapper)."""
+
+    caller: tuple[str, int] | None = None
+
+    def get(self, key, default=None):
+        if self.caller is None:
+            frame = sys._getframe(2)  # 0: this method, 1: the function reading env, 2: its caller
+            self.caller = (frame.f_code.co_filename, frame.f_lineno)
+        return super().get(key, default)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ machines (a network between them, GPUs and nccl) is not tested here: docs/distri
   the main process writes;
 - a worker killed mid-run (``--stop-after-steps N --stop-rank 1``) is restarted by torchrun's elastic agent
   (``--max-restarts 1``), ``--resume auto`` continues from the newest complete checkpoint, and the run ends
-  on the uninterrupted run's parameters, bit for bit;
+  on the uninterrupted run's parameters, bit for bit; on one node, and across two c10d node agents;
 - a process killed while it writes a checkpoint leaves the previous one usable;
 - the first mistakes of a multi-node launch end with a message in bounded time, not a hang.
 """
@@ -43,10 +43,10 @@ def free_port() -> int:
 
 
 def run_nodes(
-    commands: list[list[str]], cwd: Path, timeout: int = TIMEOUT
+    commands: list[list[str]], cwd: Path, timeout: int = TIMEOUT, env: dict[str, str] | None = None
 ) -> list[subprocess.CompletedProcess]:
     """Start every node's command at once (as on two machines), wait for all; kill all on a timeout."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     procs = [
         subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for cmd in commands
@@ -147,6 +147,31 @@ def test_a_killed_worker_is_restarted_by_torchrun_and_ends_on_the_uninterrupted_
     _assert_same_params(_final_params(ddp_run[1]), _final_params(out), rtol=0, atol=0)
     assert [s for s, _ in checkpoints.list_checkpoints(out)] == [2, 4]
     assert not list(out.glob(".tmp-*")), "a half-written checkpoint was left"
+
+
+@pytest.mark.slow  # two node agents, two attempts
+def test_a_killed_worker_on_one_of_two_c10d_nodes_restarts_both_and_ends_on_the_uninterrupted_parameters(
+    ddp_run, tmp_path
+):
+    """docs/distributed.md's multi-node recipe: two c10d node agents with --max-restarts 1 and
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (each attempt a fresh store), one output folder for both (a
+    shared file system). Node 1's worker dies after step 3; node 0's agent sees the group change and
+    restarts too (each agent counts its own attempts: its count may stay 0, which is why the variable is
+    needed); the new group resumes from checkpoint 2 and ends on the uninterrupted run's parameters."""
+    port, out = free_port(), tmp_path / "shared"
+    rdzv = [*TORCHRUN, "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--max-restarts"]
+    rdzv += ["1", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "course-restart-two-nodes"]
+    cmd = [*rdzv, *TRAIN, "--output-dir", str(out), "--resume", "auto"]
+    cmd += ["--stop-after-steps", "3", "--stop-rank", "1"]
+    results = run_nodes([cmd, cmd], tmp_path, env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"})
+    _ok(results)
+    logs = [r.stdout + r.stderr for r in results]
+    assert sum(log.count("rank 1 exiting at step 3 as if killed") for log in logs) == 1, logs
+    assert not any("TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 on every node" in log for log in logs)  # it is set
+    metrics = _metrics(out)
+    assert (metrics["processes"], metrics["start_step"], metrics["steps_run"]) == (2, 2, 2)
+    _assert_same_params(_final_params(ddp_run[1]), _final_params(out), rtol=0, atol=0)
+    assert [s for s, _ in checkpoints.list_checkpoints(out)] == [2, 4]
 
 
 KILLED_IN_A_SAVE = """

@@ -77,7 +77,8 @@ def test_one_process_checkpoints_is_killed_and_resumes_bit_exactly_with_8bit_ada
 ):
     """One process: checkpoints (the newest kept), final model, metrics; a run stopped by
     --stop-after-steps exits with its status and leaves its last checkpoint; --resume continues
-    from that step to the uninterrupted run's final parameters, bit for bit."""
+    from that step to the uninterrupted run's final parameters, bit for bit (the stop acts only in a
+    run that starts from nothing)."""
     full, killed = tmp_path / "full", tmp_path / "killed"
     args = ["--max-steps", "4", "--save-every", "1", "--keep-checkpoints", "2"]
     args += ["--optimizer", "adamw8bit", "--gradient-checkpointing"]
@@ -108,7 +109,8 @@ def test_one_process_checkpoints_is_killed_and_resumes_bit_exactly_with_8bit_ada
     assert not (killed / "final").exists() and not (killed / "metrics.json").exists()
     assert json.loads((killed / "checkpoint-000002" / "state.json").read_text())["step"] == 2
 
-    proc = _run([*args, "--output-dir", str(killed), "--resume"], tmp_path)
+    # the same command resumed: --stop-after-steps simulates one crash, and a resumed run goes to the end
+    proc = _run([*args, "--output-dir", str(killed), "--stop-after-steps", "2", "--resume"], tmp_path)
     _assert_resumed(proc, killed, metrics, killed / "checkpoint-000002", start=2, steps=4)
     _assert_same_params(_final_params(full), _final_params(killed), rtol=0, atol=0)
 

@@ -196,11 +196,13 @@ def run(cfg: RunConfig) -> dict[str, Any]:
         accelerator.end_training()
         return {"steps_run": 0, "start_step": start_step}
 
-    # torchrun --max-restarts N numbers each attempt of the worker group (0: the first)
+    # torchrun --max-restarts N numbers each attempt of the worker group (0: the first). Each node's agent
+    # counts its own: under several c10d agents, a node whose worker did not fail may restart at 0.
     restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    stopping = (  # --stop-after-steps simulates one crash: a group torchrun restarted runs to the end
+    stopping = (  # --stop-after-steps simulates one crash: a restarted or resumed run goes to the end
         cfg.stop_after_steps is not None
         and restarts == 0
+        and start_step == 0
         and cfg.stop_rank in (None, accelerator.process_index)
     )
 
