@@ -31,6 +31,12 @@ QMAP_BYTES = 2 * 256 * 4  # two shared quantisation maps (signed, unsigned) of 2
 ADAMW8BIT_STEP_BYTES_PER_ELEM = 20
 
 
+def _one_of(what: str, value: str, allowed: tuple[str, ...]) -> None:
+    """Refuse a name the model does not know, saying which ones it does."""
+    if value not in allowed:
+        raise ValueError(f"{what} must be one of {', '.join(allowed)}, got {value!r}.")
+
+
 @dataclass(frozen=True)
 class Arch:
     """The shape of a DistilBERT-style encoder with a sequence-classification head."""
@@ -106,10 +112,8 @@ class Setup:
     optimizer: str = "adamw"
 
     def __post_init__(self) -> None:
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}.")
-        if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}.")
+        _one_of("precision", self.precision, PRECISIONS)
+        _one_of("optimizer", self.optimizer, OPTIMIZERS)
         if self.batch < 1 or self.seq_len < 1:
             raise ValueError(f"batch and seq_len must be >= 1, got {self.batch} and {self.seq_len}.")
 
@@ -121,8 +125,7 @@ class Setup:
 
 def optimizer_state(arch: Arch, optimizer: str) -> int:
     """Bytes an optimizer keeps between steps for all of the model's parameters (fp32 parameters)."""
-    if optimizer not in OPTIMIZERS:
-        raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}.")
+    _one_of("optimizer", optimizer, OPTIMIZERS)
     return sum(param_state(shape, optimizer) for shape in arch.param_shapes()) + (
         QMAP_BYTES if optimizer == "adamw8bit" else 0
     )
@@ -130,6 +133,7 @@ def optimizer_state(arch: Arch, optimizer: str) -> int:
 
 def param_state(shape: tuple[int, ...], optimizer: str) -> int:
     """Optimizer-state bytes for one parameter tensor of ``shape`` (bitsandbytes' shared qmaps excluded)."""
+    _one_of("optimizer", optimizer, OPTIMIZERS)
     n = math.prod(shape)
     if optimizer == "adamw":
         return 2 * 4 * n  # exp_avg + exp_avg_sq, fp32
@@ -149,6 +153,7 @@ def block_saved_rows(arch: Arch, setup: Setup) -> list[tuple]:
     ``t`` tokens (batch x seq_len), ``d`` hidden size, ``f`` FFN width, ``s`` attention scores (batch x
     heads x seq_len^2). ``alias``: a parameter saved as it is (fp32), counted but no new memory.
     """
+    _one_of("attention", arch.attention, MODELLED_ATTENTION)
     t, d, f = setup.batch * setup.seq_len, arch.dim, arch.hidden_dim
     s = setup.batch * arch.n_heads * setup.seq_len**2
     amp = setup.precision != "no"
@@ -185,8 +190,7 @@ def saved_tensors(arch: Arch, setup: Setup) -> list[dict]:
     ``SavedTensors``, but they take no new memory. Batches without padding (attention mask of ones,
     which transformers drops) are assumed.
     """
-    if arch.attention not in MODELLED_ATTENTION:
-        raise ValueError(f"attention must be one of {', '.join(MODELLED_ATTENTION)}, got {arch.attention!r}.")
+    _one_of("attention", arch.attention, MODELLED_ATTENTION)
     if arch.attention == "sdpa" and arch.attention_dropout == 0:
         # dropout > 0 sends SDPA on the CPU to its math kernel, whose saved tensors the rows model
         raise ValueError("SDPA without dropout runs a fused kernel that saves other tensors: not modelled.")
@@ -344,6 +348,7 @@ def step_temporary(arch: Arch, optimizer: str) -> int:
     buffers; the CPU kernel's figure, measured on a single layer by ``memory_check.single_layer_step_peak``,
     not fitted to the grid; a GPU's kernel is not measured here).
     """
+    _one_of("optimizer", optimizer, OPTIMIZERS)
     shapes = arch.param_shapes()
     if optimizer == "adamw":
         return 0
@@ -361,8 +366,7 @@ def per_rank(parts: dict[str, int], stage: str, world_size: int) -> dict[str, fl
     all-reduce buckets); with DDP's default (``False``) the buckets are one more full copy of the
     gradients per rank (measured by ``apparatus.sharding``), which ``estimator.estimate`` adds.
     """
-    if stage not in STAGES:
-        raise ValueError(f"stage must be one of {', '.join(STAGES)}, got {stage!r}.")
+    _one_of("stage", stage, STAGES)
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}.")
     level = STAGES.index(stage)

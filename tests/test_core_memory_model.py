@@ -143,6 +143,15 @@ def test_optimizer_state_names_the_optimizers_it_knows():
         mm.optimizer_state(TINY, "sgd")
 
 
+def test_each_part_s_formula_refuses_an_optimizer_it_does_not_know_rather_than_count_it_as_another():
+    # param_state and step_temporary are the per-tensor and per-step parts the lesson calls on their own
+    for part in (lambda: mm.param_state((4, 3), "sgd"), lambda: mm.step_temporary(TINY, "sgd")):
+        with pytest.raises(
+            ValueError, match=r"optimizer must be one of adamw, adafactor, adamw8bit, got 'sgd'"
+        ):
+            part()
+
+
 def test_the_optimizer_steps_temporary():
     assert mm.step_temporary(TINY, "adamw") == 0  # fused, in place
     assert mm.step_temporary(TINY, "adafactor") == 4 * 11 * 3  # the largest matrix: the positions
@@ -273,8 +282,10 @@ def test_a_checkpointed_forward_saves_only_each_blocks_fp32_input(precision, hea
 
 
 def test_saved_tensors_names_the_attention_kernels_it_models():
-    with pytest.raises(ValueError, match=r"attention must be one of sdpa, eager, flash, got 'xformers'"):
-        mm.saved_tensors(mm.Arch(7, 3, 5, 2, 2, attention="xformers"), mm.Setup(2, 3))
+    xformers = mm.Arch(7, 3, 5, 2, 2, attention="xformers")
+    for rows in (mm.saved_tensors, mm.block_saved_rows):  # a block's rows too: not the eager formulas
+        with pytest.raises(ValueError, match=r"attention must be one of sdpa, eager, flash, got 'xformers'"):
+            rows(xformers, mm.Setup(2, 3))
 
 
 def test_sdpa_without_dropout_is_not_modelled_but_eager_without_dropout_is():
