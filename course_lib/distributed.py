@@ -10,8 +10,7 @@ The building blocks that the training command (``python -m course_lib.cli.train`
 * ``restore_signal_handlers``  wrap ``accelerate.notebook_launcher`` so the kernel keeps its handlers
 * ``average_gradients``   the all-reduce that DistributedDataParallel performs inside ``backward``
 * ``flat_params`` / ``flat_grads`` / ``same_on_all_ranks``  compare the replicas
-
-Lesson 02's demonstrations built on them are in ``course_lib.apparatus.data_parallel``.
+  (lesson 02's demonstrations built on them are in ``course_lib.apparatus.data_parallel``)
 """
 
 from __future__ import annotations
@@ -264,18 +263,15 @@ def _run_rank(rank, fn, world_size, backend, threads, timeout_s, out_dir, args) 
 def join_elastic_group(backend: str, env: dict[str, str] | None = None, timeout_s: float = 1800) -> bool:
     """Under torchrun, form the default process group with this attempt's keys apart from earlier ones'.
 
-    torchrun (torch 2.13) hands its own rendezvous store to the workers (``TORCHELASTIC_USE_AGENT_STORE``)
-    and keeps it across ``--max-restarts``, without a per-attempt prefix: a restarted group can read the
-    dead attempt's addresses and stop in ``Gloo connectFullMesh failed ... Connection refused`` (measured:
-    6 of 11 restarts of tests/test_multinode.py on this course's machine, 0 of 12 with this;
-    pytorch/pytorch#135712). The attempt number (``TORCHELASTIC_RESTART_COUNT``) scopes the keys. Every
-    agent counts its own attempts: with several nodes and ``--rdzv-backend c10d`` the counts can differ
-    (a node whose worker did not fail restarts without counting), so there set
-    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (a fresh store per attempt; then this does nothing). With
-    several nodes and ``--max-restarts``, each node's first worker warns until it is set.
-
-    Returns True when it formed the group; False when there is nothing to do (no agent store, or a group
-    exists). Accelerate then joins the group it finds."""
+    torchrun (torch 2.13) hands its rendezvous store to the workers (``TORCHELASTIC_USE_AGENT_STORE``) and
+    keeps it across ``--max-restarts`` without a per-attempt prefix: a restarted group can read the dead
+    attempt's addresses and stop in ``Gloo connectFullMesh failed ... Connection refused`` (6 of 11
+    restarts of tests/test_multinode.py here, 0 of 12 with this; pytorch/pytorch#135712). The attempt
+    number (``TORCHELASTIC_RESTART_COUNT``) scopes the keys. Each agent counts its own attempts: under
+    several c10d nodes a node whose worker did not fail restarts without counting, so there set
+    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (a fresh store per attempt; then this does nothing): each
+    node's first worker warns until it is set. Returns True when it formed the group; False when there
+    is nothing to do (no agent store, or a group exists). Accelerate then joins the group it finds."""
     env = os.environ if env is None else env
     if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or dist.is_initialized():
         return False

@@ -153,7 +153,6 @@ def block_saved_rows(arch: Arch, setup: Setup) -> list[tuple]:
     ``t`` tokens (batch x seq_len), ``d`` hidden size, ``f`` FFN width, ``s`` attention scores (batch x
     heads x seq_len^2). ``alias``: a parameter saved as it is (fp32), counted but no new memory.
     """
-    _one_of("attention", arch.attention, MODELLED_ATTENTION)
     t, d, f = setup.batch * setup.seq_len, arch.dim, arch.hidden_dim
     s = setup.batch * arch.n_heads * setup.seq_len**2
     amp = setup.precision != "no"
@@ -166,9 +165,11 @@ def block_saved_rows(arch: Arch, setup: Setup) -> list[tuple]:
     elif arch.attention == "sdpa":  # CPU math kernel (dropout > 0): fp32 even for 16-bit inputs
         rows.append(("attention", "q, k (scaled), v (fp32)", 3 * t * d, 4, 1, False))
         rows.append(("attention", "probs, dropout mask, dropped probs", 3 * s, 4, 1, False))
-    else:
+    elif arch.attention == "eager":  # PyTorch ops one by one: saved in the matmuls' dtype
         rows.append(("attention", "q, k^T, v", 3 * t * d, e, 1, False))
         rows.append(("attention", "probs, dropout mask, dropped probs", 3 * s, e, 1, False))
+    else:  # another kernel saves other tensors: no formula here
+        raise ValueError(f"attention must be one of {', '.join(MODELLED_ATTENTION)}, got {arch.attention!r}.")
     return rows + [
         ("layers", "out_lin input", t * d, e, 1, False),
         ("layers", "2 LayerNorm inputs (residual sums, fp32)", 2 * t * d, 4, 1, False),
