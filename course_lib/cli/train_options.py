@@ -216,7 +216,7 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
         "--stop-after-steps",
         type=int,
         default=None,
-        help="exit with status 3 after step N, as if killed (not again in a group torchrun restarted)",
+        help="exit with status 3 after step N, as if killed (not in a group torchrun restarted, nor in a resumed run)",
     )
     p.add_argument(
         "--stop-rank", type=int, default=None, help="with --stop-after-steps: only this rank exits"
