@@ -2,7 +2,7 @@
 
 Every function draws on ``ax`` (a new figure when ``ax`` is None) and returns the ``Axes`` (or the
 ``Figure`` when it draws several panels). Nothing here calls ``plt.show()``: a notebook shows the
-figure itself. Labels are in English so that no CJK font is needed.
+figure itself. Importing this module lets matplotlib draw Japanese labels (``use_japanese_font``).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import matplotlib.pyplot as plt
+from matplotlib import font_manager
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
@@ -19,6 +20,39 @@ from matplotlib.ticker import FuncFormatter
 from course_lib.training import History
 
 Series = History | Sequence[float]
+
+# Fonts with Japanese glyphs, the first found is used: Debian's fonts-noto-cjk (what CI installs), then
+# what macOS and Windows ship.
+JAPANESE_FONTS = (
+    "Noto Sans CJK JP",
+    "Noto Sans JP",
+    "IPAexGothic",
+    "Hiragino Sans",
+    "Yu Gothic",
+    "MS Gothic",
+)
+
+
+def use_japanese_font() -> str | None:
+    """Put the first installed font of ``JAPANESE_FONTS`` first in matplotlib's sans-serif list; return
+    its name, or None when none is installed (Japanese labels then draw as boxes, with a warning).
+
+    A font installed after matplotlib built its font cache is found by scanning the system's fonts.
+    """
+    known = {f.name for f in font_manager.fontManager.ttflist}
+    if not known.intersection(JAPANESE_FONTS):
+        for path in font_manager.findSystemFonts():
+            if "cjk" in path.lower() or "ipaex" in path.lower():
+                font_manager.fontManager.addfont(path)
+        known = {f.name for f in font_manager.fontManager.ttflist}
+    name = next((n for n in JAPANESE_FONTS if n in known), None)
+    if name is not None and plt.rcParams["font.sans-serif"][:1] != [name]:
+        plt.rcParams["font.sans-serif"] = [name, *plt.rcParams["font.sans-serif"]]
+        plt.rcParams["font.family"] = "sans-serif"
+    return name
+
+
+JAPANESE_FONT = use_japanese_font()
 
 
 def _new_ax(ax: Axes | None, figsize: tuple[float, float] = (6.0, 3.5)) -> Axes:

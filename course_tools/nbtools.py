@@ -6,6 +6,7 @@
     python -m course_tools.nbtools execute notebooks/*.ipynb --readme README.md  # also record run times
     python -m course_tools.nbtools render notebooks/*.ipynb --readme README.md   # re-render, no running
     python -m course_tools.nbtools render notebooks/*.ipynb --readme README.md --check  # drift? (exit 1)
+    python -m course_tools.nbtools moved notebooks/03*.ipynb --base HEAD~3   # checked outputs kept? (exit 1)
 
 ``execute`` stamps ``metadata.course``: ``source_hash``, a hash of every code cell's source at the
 time the outputs were produced, and ``library``, a fingerprint of every ``course_lib`` module the
@@ -17,7 +18,8 @@ something that ``tests/explained_stderr.toml`` does not explain.
 Run times: ``execute --readme README.md`` records each notebook's seconds, machine and date in
 ``docs/results/lessons.json`` (``--json`` for another path), then renders from that record the
 run-time column of README's lesson table (between ``<!-- lessons:start -->`` and
-``<!-- lessons:end -->``) and the run-time sentence in each lesson's first markdown cell
+``<!-- lessons:end -->``) and the run-time sentence of each lesson (one markdown cell holds it: the
+"実行環境" cell at the end, out of the learner's first screen)
 (``RUNTIME_SENTENCE``, e.g. ``CPU（2 コア）で約 5 秒（計測: 2026-11-30、README の表と同じ値）``).
 ``render`` does the same from the record without running anything; ``render --check`` only compares.
 A markdown edit leaves ``source_hash`` alone, so the outputs stay fresh.
@@ -39,14 +41,17 @@ import nbformat
 
 from course_tools import freshness, sections
 
-KEEP_NOTEBOOK_METADATA = ("kernelspec", "language_info", "nbgrader", "course")
-KEEP_CELL_METADATA = ("nbgrader", "tags")
+# "summary": a lesson's English summary (the site and the README read it; the learner's first screen is
+# the Japanese card). A cell's "jupyter" metadata keeps only "source_hidden": a 確認 cell's code is collapsed.
+KEEP_NOTEBOOK_METADATA = ("kernelspec", "language_info", "nbgrader", "course", "summary")
+KEEP_CELL_METADATA = ("nbgrader", "tags", "jupyter")
+KEEP_JUPYTER_CELL_METADATA = ("source_hidden",)
 KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
 LESSONS = "lessons"  # README block: the lesson table
 LESSONS_RECORD = Path("docs/results/lessons.json")
 RENDER_COMMAND = "python -m course_tools.nbtools render notebooks/*.ipynb --readme README.md"
 MEASURE_COMMAND = "python -m course_tools.nbtools execute notebooks/*.ipynb --readme README.md"
-# The sentence of a lesson's first markdown cell that states its run time; the writer owns it.
+# The sentence that states a lesson's run time (in its 実行環境 cell at the end); the writer owns it.
 RUNTIME_SENTENCE = re.compile(
     r"(?:\S+ と )?CPU(?:（\d+ コア）| )で約 \d+ 秒（計測: [^、）]*、README の表と同じ値）"
 )
@@ -91,6 +96,10 @@ def clean(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
         nb.metadata["language_info"] = {"name": "python"}
     for cell in nb.cells:
         cell.metadata = {k: v for k, v in cell.metadata.items() if k in KEEP_CELL_METADATA}
+        shown = {k: v for k, v in cell.metadata.get("jupyter", {}).items() if k in KEEP_JUPYTER_CELL_METADATA}
+        cell.metadata.pop("jupyter", None)
+        if shown.get("source_hidden"):
+            cell.metadata["jupyter"] = {"source_hidden": True}
         if cell.cell_type == "code":
             cell.outputs = coalesce_streams(cell.get("outputs", []))
             for out in cell.outputs:
@@ -120,6 +129,43 @@ def execute(path: Path, timeout: int = 600) -> float:
     nb.metadata["course"] = {"source_hash": source_hash(nb), "library": freshness.library_stamp(nb)}
     nbformat.write(nb, path)
     return seconds
+
+
+CHECK_TAG = "nbval-check-output"  # nbval's cell tag for a cell whose output the regression tests compare
+
+
+def checked_outputs(nb: nbformat.NotebookNode) -> list[str]:
+    """The outputs the regression tests compare, one text per checked cell (tag or nbval's old comment)."""
+    texts = []
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        if CHECK_TAG in cell.metadata.get("tags", []) or cell.source.startswith("# NBVAL_CHECK_OUTPUT"):
+            parts = []
+            for out in coalesce_streams([dict(o) for o in cell.get("outputs", [])]):
+                if out.get("output_type") == "stream":
+                    parts.append("".join(out.get("text", "")))
+                elif "text/plain" in out.get("data", {}):
+                    parts.append("".join(out["data"]["text/plain"]))
+            texts.append("".join(parts))
+    return texts
+
+
+def moved_outputs(before: nbformat.NotebookNode, after: nbformat.NotebookNode) -> list[str]:
+    """Lines printed by checked cells of ``before`` that no checked cell of ``after`` prints (a restructure
+    moves cells and gathers verdicts in 確認 cells; the lines they print stay, unless reworded on purpose)."""
+    left: dict[str, int] = {}
+    for text in checked_outputs(after):
+        for line in text.splitlines():
+            left[line] = left.get(line, 0) + 1
+    missing = []
+    for text in checked_outputs(before):
+        for line in text.splitlines():
+            if left.get(line, 0) > 0:
+                left[line] -= 1
+            elif line.strip():
+                missing.append(line)
+    return missing
 
 
 def stale_reason(nb: nbformat.NotebookNode) -> str | None:
@@ -221,16 +267,18 @@ def runtime_sentence(entry: dict[str, Any]) -> str:
 
 
 def render_header(nb: nbformat.NotebookNode, entry: dict[str, Any], where: str = "the notebook") -> bool:
-    """Put ``runtime_sentence(entry)`` in the first markdown cell of ``nb``; return whether it changed."""
-    cell = next((c for c in nb.cells if c.cell_type == "markdown"), None)
-    found = RUNTIME_SENTENCE.findall(cell.source) if cell is not None else []
-    if len(found) != 1:
+    """Put ``runtime_sentence(entry)`` in the one markdown cell that states the lesson's run time; return
+    whether it changed."""
+    cells = [c for c in nb.cells if c.cell_type == "markdown" and RUNTIME_SENTENCE.search(c.source)]
+    found = sum(len(RUNTIME_SENTENCE.findall(c.source)) for c in cells)
+    if found != 1:
         raise sections.SectionError(
-            f"{where}: the first markdown cell needs exactly one run-time sentence like "
+            f"{where}: exactly one markdown cell needs one run-time sentence like "
             f"'{runtime_sentence({'cores': 2, 'seconds': 5, 'date': '2026-11-30', 'device': 'cpu'})}' "
-            f"(found {len(found)}): write one where the lesson states its run time, then run "
-            f"`{RENDER_COMMAND}`."
+            f"(found {found}): write one where the lesson states its run time (its 実行環境 cell at the "
+            f"end), then run `{RENDER_COMMAND}`."
         )
+    cell = cells[0]
     new = RUNTIME_SENTENCE.sub(runtime_sentence(entry), cell.source)
     changed = new != cell.source
     cell.source = new
@@ -269,7 +317,7 @@ def render_run_times(
         if render_header(nb, entries[path.name], str(path)):
             if check:
                 problems.append(
-                    f"{path}: the run-time sentence of its first markdown cell differs from the record "
+                    f"{path}: its run-time sentence differs from the record "
                     f"('{runtime_sentence(entries[path.name])}'). Re-render it with `{fix}` (no running)."
                 )
             else:
@@ -286,7 +334,7 @@ def check_committed(root: Path = Path(".")) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=["execute", "clean", "check", "render"])
+    parser.add_argument("command", choices=["execute", "clean", "check", "render", "moved"])
     parser.add_argument("paths", nargs="+", type=Path)
     parser.add_argument("--timeout", type=int, default=600, help="seconds per cell (execute)")
     parser.add_argument(
@@ -307,6 +355,7 @@ def main(argv: list[str] | None = None) -> int:
         help=f"render: the record to render from (default {LESSONS_RECORD})",
     )
     parser.add_argument("--check", action="store_true", help="render: only compare, exit 1 on drift")
+    parser.add_argument("--base", default="HEAD", help="moved: the git revision to compare with")
     args = parser.parse_args(argv)
     if args.check and args.command != "render":
         parser.error("--check goes with render (the stale-output check is the `check` command)")
@@ -330,6 +379,21 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "clean":
             nb = clean(nbformat.read(path, as_version=4))
             nbformat.write(nb, path)
+        elif args.command == "moved":
+            import subprocess
+
+            shown = subprocess.run(
+                ["git", "show", f"{args.base}:{path.as_posix()}"], capture_output=True, text=True, check=True
+            ).stdout
+            before, after = nbformat.reads(shown, as_version=4), nbformat.read(path, as_version=4)
+            missing = moved_outputs(before, after)
+            print(
+                f"{path}: {len(checked_outputs(before))} checked cells at {args.base}, "
+                f"{len(checked_outputs(after))} now; {len(missing)} line(s) not printed by a checked cell now"
+            )
+            for text in missing:
+                print("  MISSING:", text[:300])
+            status = max(status, 1 if missing else 0)
         elif args.command == "check":
             reason = stale_reason(nbformat.read(path, as_version=4))
             if reason:
