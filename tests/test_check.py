@@ -13,7 +13,16 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_lib.cli.check import execute_copy, main, modified_locked_cells
+from course_lib.cli.check import (
+    CellScore,
+    CheckReport,
+    _error_line,
+    execute_copy,
+    format_report,
+    main,
+    modified_locked_cells,
+    tell_apart,
+)
 from course_tools.release import write_answers
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -113,3 +122,40 @@ def test_the_kernel_gets_nbgrader_execution_and_extra_env_and_this_process_keeps
     executed = execute_copy(path, env={"COURSE_CHECK_PROBE": "yes"})
     assert executed.cells[0].outputs[0]["text"] == "validate yes\n"
     assert dict(os.environ) == before
+
+
+def test_a_failing_tests_whole_message_is_shown():
+    """The learner sees every character of a test's message, every line of it: the end of a long
+    message is where it says by how much the answer is off (it was cut at 160 characters)."""
+    message = (
+        "time_to_target(3200, 200.0, compile_s=30.0): the time to target is examples / examples per "
+        "second + compile seconds, 3200 / 200.0 + 30.0 = 46 s, but the answer was 640030 s; "
+        "ending here: expected 46, got 640030\nsecond line: the inputs were (3200, 200.0, 30.0)"
+    )
+    cell = nbformat.v4.new_code_cell(
+        "raise AssertionError(...)",
+        outputs=[nbformat.v4.new_output("error", ename="AssertionError", evalue=message, traceback=[])],
+    )
+    error = _error_line(cell)
+    assert error == f"AssertionError: {message}"
+    report = CheckReport(
+        notebook=Path("exercise.ipynb"),
+        tests=[CellScore("test_time_to_target", 0.0, 2.0, error)],
+        answer_errors={"time_to_target": f"ValueError: {message}"},
+    )
+    shown = format_report(report)
+    first, second = message.splitlines()
+    assert f"FAIL  test_time_to_target  0 / 2   AssertionError: {first}" in shown, shown
+    assert f"  time_to_target: ValueError: {first}" in shown, shown
+    assert shown.count(f"\n        {second}\n") == 2, shown  # the further line, indented, for both
+
+
+def test_tell_apart_shows_unequal_numbers_unequal():
+    assert tell_apart(16.0, 46.0) == ["16", "46"]
+    assert tell_apart(0.1, 0.1000001) == ["0.1", "0.1000001"]
+    assert tell_apart(1 / 1.05, 0.9523809523809524) == ["0.9523809523809523", "0.9523809523809524"]
+    assert tell_apart(0.25, 0.25) == ["0.25", "0.25"]  # equal numbers read alike
+    assert tell_apart(3, 3.0) == ["3", "3"]
+    assert tell_apart(2, 2.5, digits=1) == ["2", "2.5"]  # one more digit where one is not enough
+    assert tell_apart(None, 0.5) == ["None", "0.5"]
+    assert tell_apart(0.123456, 0.123457, 7) == ["0.123456", "0.123457", "7"]

@@ -112,12 +112,37 @@ def modified_locked_cells(nb) -> list[str]:
 
 
 def _error_line(cell) -> str | None:
+    """The cell's error as ``"AssertionError: <the whole message>"`` (every line of it), or None."""
     for out in cell.get("outputs", []):
         if out.get("output_type") == "error":
-            value = str(out.get("evalue", "")).strip().splitlines()
+            value = str(out.get("evalue", "")).strip()
             # rstrip: an error without a message reads "KeyboardInterrupt", not "KeyboardInterrupt: "
-            return f"{out.get('ename', 'Error')}: {value[0] if value else ''}".rstrip(": ")
+            return f"{out.get('ename', 'Error')}: {value}".rstrip(": ")
     return None
+
+
+def tell_apart(*values, digits: int = 4) -> list[str]:
+    """``values`` as text with the fewest significant digits (``digits`` or more) that show unequal
+    numbers unequal, for a test's message: ``want, got = tell_apart(0.1, 0.1000001)`` gives
+    ``"0.1"`` and ``"0.1000001"``, never two numbers that read the same. Equal numbers read alike,
+    integers stay whole, and anything that is not a real number (None, a tensor, a string) is its repr.
+    """
+    import numbers
+
+    def real(v) -> float | None:
+        return float(v) if isinstance(v, numbers.Real) and not isinstance(v, bool) else None
+
+    def text(v, width: int) -> str:
+        if real(v) is None:
+            return repr(v)
+        return str(int(v)) if isinstance(v, numbers.Integral) else f"{real(v):.{width}g}"
+
+    numbers_shown = {real(v) for v in values if real(v) is not None}
+    for width in range(digits, 18):  # 17 significant digits write every float64 exactly
+        shown = [text(v, width) for v in values]
+        if len({t for t, v in zip(shown, values) if real(v) is not None}) == len(numbers_shown):
+            return shown
+    return shown
 
 
 def _parse_time(stamp: str) -> float:
@@ -235,6 +260,13 @@ def _unsolved_hint(error: str) -> str:
     return "  <- not solved yet (まだ解答されていません)" if error.startswith("NotImplementedError") else ""
 
 
+def _whole_message(head: str, error: str) -> list[str]:
+    """``head`` and the error's first line, then every further line of it indented: the whole message,
+    however long (a test's message says what went wrong and by how much; a cut one hides the numbers)."""
+    first, *rest = error.splitlines() or [""]
+    return [f"{head}{first}{_unsolved_hint(error)}", *(f"        {line}" for line in rest)]
+
+
 def format_report(report: CheckReport) -> str:
     """The report as the lines the learner sees."""
     width = max([len(t.grade_id) for t in report.tests] + [10])
@@ -246,12 +278,13 @@ def format_report(report: CheckReport) -> str:
         status = "PASS" if t.passed else "FAIL"
         line = f"  {status}  {t.grade_id:<{width}}  {t.points:g} / {t.max_points:g}"
         if t.error and not t.passed:
-            line += f"   {t.error[:160]}{_unsolved_hint(t.error)}"
-        lines.append(line)
+            lines += _whole_message(f"{line}   ", t.error)
+        else:
+            lines.append(line)
     if report.answer_errors:
         lines += ["", "Answer cells that raised an error (解答セルのエラー):"]
         for grade_id, error in report.answer_errors.items():
-            lines.append(f"  {grade_id}: {error[:160]}{_unsolved_hint(error)}")
+            lines += _whole_message(f"  {grade_id}: ", error)
     if report.modified_cells:
         lines += [
             "",
