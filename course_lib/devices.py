@@ -162,3 +162,17 @@ def synchronize(device: torch.device | str | None = None) -> None:
         torch.cuda.synchronize(device)
     elif device.type == "mps":
         torch.mps.synchronize()
+
+
+def one_trainer_device(args: Any) -> Any:
+    """Keep a ``transformers.TrainingArguments`` on one device; returns ``args``.
+
+    On one process with several GPUs, Trainer (transformers 5.24) counts them all (``args.n_gpu =
+    torch.cuda.device_count()``), wraps the model in ``nn.DataParallel`` and trains ``per_device x
+    n_gpu`` rows a micro-batch. The lessons compare Trainer's windows of rows with their own loops, so
+    they keep it on ``cuda:0``, as ``CUDA_VISIBLE_DEVICES=0`` would. Under ``torchrun`` (one GPU per
+    process) and on a CPU there is nothing to change.
+    """
+    if args.n_gpu > 1:  # reading n_gpu sets the device up first
+        args._n_gpu = 1  # the attribute n_gpu reads; TrainingArguments has no argument for it
+    return args

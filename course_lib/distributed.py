@@ -268,20 +268,24 @@ def join_elastic_group(backend: str, env: dict[str, str] | None = None, timeout_
     attempt's addresses and stop in ``Gloo connectFullMesh failed ... Connection refused`` (6 of 11
     restarts of tests/test_multinode.py here, 0 of 12 with this; pytorch/pytorch#135712). The attempt
     number (``TORCHELASTIC_RESTART_COUNT``) scopes the keys. Each agent counts its own attempts: under
-    several c10d nodes a node whose worker did not fail restarts without counting, so there set
-    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (a fresh store per attempt; then this does nothing): each
-    node's first worker warns until it is set. Returns True when it formed the group; False when there
-    is nothing to do (no agent store, or a group exists). Accelerate then joins the group it finds."""
+    several nodes with ``--rdzv-backend c10d`` a node whose worker did not fail restarts without counting,
+    so there set ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (c10d then gives each attempt a fresh store and
+    this does nothing). Static ranks (``--node-rank``) always share the store and ignore the variable;
+    every node restarts and counts there. A worker cannot tell the two apart, so each node's first worker
+    warns until the variable is set. Returns True when it formed the group; False when there is nothing
+    to do (no agent store, or a group exists). Accelerate then joins the group it finds."""
     env = os.environ if env is None else env
     if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or dist.is_initialized():
         return False
     nodes, restarts = int(env.get("GROUP_WORLD_SIZE", "1")), int(env.get("TORCHELASTIC_MAX_RESTARTS", "0"))
-    if nodes > 1 and restarts > 0 and env.get("LOCAL_RANK", "0") == "0":
+    told = env.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") == "1"  # set, and still shared: static ranks
+    if nodes > 1 and restarts > 0 and not told and env.get("LOCAL_RANK", "0") == "0":
         warnings.warn(
             f"torchrun: {nodes} nodes with --max-restarts {restarts} share one rendezvous store across "
-            "restarts, and each node counts its own attempts: a restarted group can fail in 'Gloo "
-            "connectFullMesh failed ... Connection refused' (pytorch/pytorch#135712). Set "
-            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 on every node (docs/distributed.md).",
+            "restarts, and under --rdzv-backend c10d each node counts its own attempts: a restarted group "
+            "can fail in 'Gloo connectFullMesh failed ... Connection refused' (pytorch/pytorch#135712). Set "
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 on every node (docs/distributed.md); with static ranks "
+            "(--node-rank) it changes nothing there but silences this warning.",
             RuntimeWarning,
             stacklevel=2,
         )

@@ -471,6 +471,23 @@ def test_join_elastic_group_forms_the_group_with_the_backend_and_timeout_asked_f
         ({"GROUP_WORLD_SIZE": "2"}, False),  # torchrun's default: no restarts
         ({"GROUP_WORLD_SIZE": "1", "TORCHELASTIC_MAX_RESTARTS": "3"}, False),  # one node counts alike
         ({"TORCHELASTIC_MAX_RESTARTS": "3"}, False),  # no node count: one node
+        # static ranks share the store whatever the variable says: set, it is not asked for again
+        (
+            {
+                "GROUP_WORLD_SIZE": "2",
+                "TORCHELASTIC_MAX_RESTARTS": "1",
+                "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+            },
+            False,
+        ),
+        (
+            {
+                "GROUP_WORLD_SIZE": "2",
+                "TORCHELASTIC_MAX_RESTARTS": "1",
+                "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "0",
+            },
+            True,
+        ),
     ],
 )
 def test_several_nodes_that_may_restart_are_told_to_give_each_attempt_a_fresh_store(launch, warns):
@@ -486,9 +503,10 @@ def test_several_nodes_that_may_restart_are_told_to_give_each_attempt_a_fresh_st
         nodes, restarts = launch["GROUP_WORLD_SIZE"], launch["TORCHELASTIC_MAX_RESTARTS"]
         assert str(said[0].message) == (  # what a node's log says, whole: the cause and what to do
             f"torchrun: {nodes} nodes with --max-restarts {restarts} share one rendezvous store across "
-            "restarts, and each node counts its own attempts: a restarted group can fail in 'Gloo "
-            "connectFullMesh failed ... Connection refused' (pytorch/pytorch#135712). Set "
-            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 on every node (docs/distributed.md)."
+            "restarts, and under --rdzv-backend c10d each node counts its own attempts: a restarted group "
+            "can fail in 'Gloo connectFullMesh failed ... Connection refused' (pytorch/pytorch#135712). Set "
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 on every node (docs/distributed.md); with static ranks "
+            "(--node-rank) it changes nothing there but silences this warning."
         )
         # the worker's log points at the line that joined the group, not inside course_lib
         assert (said[0].filename, said[0].lineno) == env.caller
