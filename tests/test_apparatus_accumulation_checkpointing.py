@@ -113,3 +113,16 @@ def test_model_state_bytes_reads_the_tensors(model, batch):
     }
     work.half()
     assert model_state_bytes(work)["weights"] == 2 * n  # dtype as it is, not a formula
+
+
+def test_the_idea_is_drawn_in_two_panels_with_japanese_titles():
+    import matplotlib.pyplot as plt
+
+    fig = ac.plot_idea()
+    titles = [ax.get_title() for ax in fig.axes]
+    plt.close(fig)
+    assert (
+        len(titles) == 2
+        and titles[0].startswith("勾配累積")
+        and titles[1].startswith("活性化チェックポイント")
+    )

@@ -243,3 +243,57 @@ def plot_sqrt_n(table: Sequence[Mapping[str, int]], ax=None):
     ax.grid(alpha=0.3)
     ax.legend()
     return ax
+
+
+def plot_idea():
+    """The lesson's picture: k micro-batches added up before one update; a layer's input kept, the rest recomputed."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import FancyArrowPatch, Rectangle
+
+    from course_lib import plots  # noqa: F401  (Japanese labels)
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10.0, 3.4))
+    for ax in (left, right):
+        ax.set_xlim(0, 10)
+        ax.set_ylim(0, 6)
+        ax.axis("off")
+
+    def box(ax, x, y, w, h, text, color, hatch=None):
+        ax.add_patch(Rectangle((x, y), w, h, facecolor=color, edgecolor="black", hatch=hatch))
+        label = ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=9)
+        if hatch:  # the label stays readable over the hatching
+            label.set_bbox({"facecolor": "white", "edgecolor": "none"})
+
+    def arrow(ax, start, end):
+        ax.add_patch(FancyArrowPatch(start, end, arrowstyle="->", mutation_scale=12))
+
+    left.set_title("勾配累積: 8 行 × 4 回のバックワードパス、更新は 1 回")
+    box(left, 0.2, 4.3, 6.4, 1.0, "32 行のバッチを一度に（活性化 32 行分）", "0.85")
+    arrow(left, (6.7, 4.8), (7.9, 4.8))
+    for i in range(4):
+        box(left, 0.2 + 1.65 * i, 1.6, 1.4, 1.0, "8 行", "#9ecae1")
+        arrow(left, (0.9 + 1.65 * i, 1.5), (0.9 + 1.65 * i, 0.95))
+    box(left, 0.2, 0.2, 6.4, 0.7, ".grad に足す（活性化は 8 行分だけ）", "#deebf7")
+    arrow(left, (6.7, 0.55), (7.9, 3.2))
+    box(left, 8.0, 3.0, 1.8, 2.2, "同じ\n更新\n1 回", "#a1d99b")
+
+    right.set_title("活性化チェックポイント: 層の入力だけ残し、再計算する")
+    for row, (label, y) in enumerate((("なし", 3.6), ("あり", 0.8))):
+        right.text(0.0, y + 0.6, label, ha="left", va="center", fontsize=10)
+        for layer in range(3):
+            x = 1.2 + 2.9 * layer
+            box(right, x, y, 0.8, 1.2, "入力", "#fdae6b")
+            kept = row == 0
+            box(
+                right,
+                x + 0.8,
+                y,
+                1.8,
+                1.2,
+                "活性化" if kept else "捨てて再計算",
+                "moccasin" if kept else "white",
+                None if kept else "//",
+            )
+    right.text(5.5, 2.6, "バックワードパスで層のフォワードパスをもう 1 回", ha="center", fontsize=9)
+    fig.tight_layout()
+    return fig
