@@ -28,6 +28,16 @@ MODELS: dict[str, mm.Arch] = {
 }
 DEVICES: dict[str, float] = {"laptop (16 GiB)": 16 * GIB, "24 GiB GPU": 24 * GIB, "80 GiB GPU": 80 * GIB}
 STACK = ("weights", "gradients", "optimizer state", "activations", "temporaries")
+# 8-bit AdamW's step temporary is the CPU kernel's (memory_model.step_temporary): say so under a GPU
+GPU_8BIT_NOTE = (
+    "8-bit AdamW's temporaries: the CPU kernel's 20 B per element of the largest tensor; "
+    "a GPU's kernel dequantises in registers (not measured here)"
+)
+
+
+def notes(device: str, optimizer: str) -> list[str]:
+    """What the estimate for ``device`` (a ``DEVICES`` name) and ``optimizer`` takes from the CPU only."""
+    return [GPU_8BIT_NOTE] if "GPU" in device and optimizer == "adamw8bit" else []
 
 
 def estimate(
@@ -135,6 +145,8 @@ def estimator(model: str = "DistilBERT-base", device: str = "24 GiB GPU"):
             ax = plot_estimate(est, DEVICES[c["device"]], c["model"])
             ax.set_title(describe_estimate(est, DEVICES[c["device"]]).split(" | ")[1], fontsize=9)
             plt.show()
+            for note in notes(c["device"], c["optimizer"]):
+                print("note:", note)
 
     for widget in controls.values():
         widget.observe(render, names="value")
