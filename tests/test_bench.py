@@ -88,8 +88,29 @@ def test_matmul_gflops_is_positive_and_auto_sizes():
     assert first["n"] == 128 and first["gflops"] > 0
 
 
-def test_model_flops_per_token_is_six_n():
+def test_model_flops_per_token_is_six_n_plus_attention():
     assert model_flops_per_token(1_000) == 6_000
+    assert model_flops_per_token(1_000, n_layers=2, d_model=8, seq_len=16) == 6_000 + 12 * 2 * 8 * 16
+
+
+@pytest.mark.parametrize("seq_len", [32, 128])
+def test_model_flops_per_token_agrees_with_torchs_flop_counter(seq_len):
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from course_lib.benchmark.workloads import build_model, count_matmul_parameters
+
+    model, rows = build_model("tiny", 0, seq_len).train(), 4
+    ids = torch.randint(5, 400, (rows, seq_len))
+    with FlopCounterMode(display=False) as counter:  # one forward and backward, every matmul counted
+        model(
+            input_ids=ids, attention_mask=torch.ones_like(ids), labels=torch.zeros(rows, dtype=torch.long)
+        ).loss.backward()
+    per_token = counter.get_total_flops() / (rows * seq_len)
+    n, config = count_matmul_parameters(model), model.config
+    ours = model_flops_per_token(n, config.n_layers, config.dim, seq_len)
+    assert abs(per_token / ours - 1) < 0.05, (per_token, ours)
+    if seq_len == 128:  # the premise: without attention's products the count misses more than 10 %
+        assert per_token / model_flops_per_token(n) > 1.10
 
 
 def test_tensor_peak_sees_a_known_allocation_above_the_start():

@@ -426,6 +426,10 @@ def test_replica_drift_gathers_on_the_ranks_device(group, monkeypatch):
 
 def test_model_flops_and_mfu_are_the_textbook_formulas():
     assert model_flops_per_token(10) == 60.0  # 6 N
+    assert model_flops_per_token(10, n_layers=3, d_model=5, seq_len=7) == 60.0 + 12 * 3 * 5 * 7  # + attention
+    assert (
+        model_flops_per_token(10, 3, 5, 0) == model_flops_per_token(10, 0, 5, 7) == 60.0
+    )  # each factor counts
     assert mfu(tokens_per_s=1000.0, flops_per_token=600.0, peak_gflops=2.0) == 1000.0 * 600.0 / 2e9
 
 

@@ -673,3 +673,17 @@ def test_quick_ladder_record_renders_into_the_readme_what_the_run_wrote(quick, c
     readme.write_text(readme.read_text(encoding="utf-8").replace("| 1 |", "| one |", 1), encoding="utf-8")
     assert sections.main(["check", "recipe", "--root", str(root)]) == 1
     assert "python -m course_tools.sections render recipe" in capsys.readouterr().err
+
+
+def test_a_mixed_precision_choice_measured_before_the_ladder_is_the_one_it_uses(monkeypatch):
+    from course_lib.recipe_ladder import ladder_runs
+
+    asked = []
+    monkeypatch.setattr(
+        ladder_runs, "mixed_precision_choice", lambda device: asked.append(device) or ("no", "x")
+    )
+    measure = object.__new__(ladder_runs.Measured)  # without its data and warm-up: only the choice is tested
+    measure.device, measure.chosen = torch.device("cpu"), ("bf16", "matmuls measured bf16 2.00x fp32 here")
+    assert measure.precision() == ("bf16", "matmuls measured bf16 2.00x fp32 here") and not asked
+    measure.chosen = None
+    assert measure.precision() == ("no", "x") and asked == [torch.device("cpu")]

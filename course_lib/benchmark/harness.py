@@ -153,9 +153,12 @@ def _measure_size(
     """The rows of one model size: ``cfg.rounds`` interleaved rounds, then memory, then the numbers."""
     template = build_model(size, cfg.seed, cfg.seq_len)
     n_total, n_matmul = models.count_parameters(template), count_matmul_parameters(template)
+    shape = {"n_layers": template.config.n_layers, "d_model": template.config.dim, "seq_len": cfg.seq_len}
     log(f"\n== {size}: {n_total / 1e6:.1f} M parameters ({n_matmul / 1e6:.1f} M in matmuls) ==")
     for precision in precisions:  # a slow path (fp16 on most CPUs) can take hours: say so up front
-        floor = model_flops_per_token(n_matmul) * cfg.batch_size * cfg.seq_len / (peaks[precision] * 1e9)
+        floor = (
+            model_flops_per_token(n_matmul, **shape) * cfg.batch_size * cfg.seq_len / (peaks[precision] * 1e9)
+        )
         if floor > 10:
             log(
                 f"note: a {precision_label(precision)} step with autocast takes at least {floor:,.0f} s here "
@@ -197,7 +200,7 @@ def _measure_size(
                 method = "tensor_peak"
             step = statistics.median(medians[key])
             tokens_per_s = cfg.batch_size * cfg.seq_len / step
-            flops_per_token = model_flops_per_token(n_matmul)
+            flops_per_token = model_flops_per_token(n_matmul, **shape)
             peak_dtype = precision if out.amp_active else "no"  # fp16 on a CPU via Accelerate/Trainer: fp32
             rows.append(
                 {
@@ -209,6 +212,8 @@ def _measure_size(
                     "optimizer": out.optimizer,
                     "n_params": n_total,
                     "n_matmul_params": n_matmul,
+                    "n_layers": shape["n_layers"],
+                    "d_model": shape["d_model"],
                     "batch_size": cfg.batch_size,
                     "seq_len": cfg.seq_len,
                     "rounds": cfg.rounds,

@@ -15,12 +15,14 @@ from typing import Any
 from course_lib.benchmark.config import (
     BENCH_ABOUT,
     LABELS,
+    MODEL_SIZES,
     BenchConfig,
 )
 from course_lib.benchmark.harness import machine_summary
 from course_lib.devices import (
     get_device,
 )
+from course_lib.instruments.throughput import mfu, model_flops_per_token
 from course_lib.mixed_precision import precision_label
 
 COLUMNS = (
@@ -50,10 +52,29 @@ def format_cell(value: float | None, spec: str, suffix: str = "", missing: str =
     )
 
 
+def _shape(row: dict[str, Any]) -> tuple[int, int]:
+    """``(n_layers, d_model)`` of a row's model: recorded, or (a record made before they were) its size's."""
+    if "n_layers" in row:
+        return row["n_layers"], row["d_model"]
+    size = MODEL_SIZES[row["model_size"]]
+    if size is None:  # the embedded checkpoint's own shape
+        from course_lib.models import EMBEDDED_MODEL_DIR
+
+        size = json.loads((EMBEDDED_MODEL_DIR / "config.json").read_text(encoding="utf-8"))
+    return size["n_layers"], size["dim"]
+
+
+def model_flops(row: dict[str, Any]) -> tuple[float, float]:
+    """``(achieved GFLOP/s, MFU)`` of a row, from its tokens/s and matmul peak (one definition of the FLOPs)."""
+    per_token = model_flops_per_token(row["n_matmul_params"], *_shape(row), row["seq_len"])
+    return per_token * row["tokens_per_s"] / 1e9, mfu(row["tokens_per_s"], per_token, row["peak_gflops"])
+
+
 def bench_table(rows: Sequence[dict[str, Any]]) -> str:
     """The rows as a markdown table, one line per (size, precision, implementation)."""
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for r in rows:
+        gflops, utilisation = model_flops(r)
         cells = [
             r["model_size"],
             LABELS[r["implementation"]],
@@ -66,8 +87,8 @@ def bench_table(rows: Sequence[dict[str, Any]]) -> str:
             format_cell(r["peak_mem_mb"], ",.0f"),
             format_cell(r.get("saved_for_backward_mb"), ",.1f"),
             format_cell(r.get("optimizer_state_mb"), ",.1f"),
-            format_cell(r["achieved_gflops"], ",.1f"),
-            format_cell(100 * r["mfu"], ".1f", "%"),
+            format_cell(gflops, ",.1f"),
+            format_cell(100 * utilisation, ".1f", "%"),
             format_cell(r["final_loss"], ".4f"),
         ]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
@@ -174,7 +195,7 @@ def markdown_report(
     header = (
         f"Measured on {machine}. Batches of {cfg.batch_size} x {cfg.seq_len} tokens (padded), "
         f"{cfg.rounds} interleaved rounds x {cfg.steps} timed steps after {cfg.warmup} warm-up step(s), "
-        f"median step time{took}. {mem_note}MFU: 6N FLOPs per token over the measured matmul peak of "
+        f"median step time{took}. {mem_note}MFU: 6N + 12 x layers x d_model x seq_len FLOPs per token (PaLM) over the measured matmul peak of "
         "the dtype the row computed in."
     )
     return f"{header}\n\n{bench_table(rows)}\n"

@@ -46,9 +46,14 @@ def matmul_gflops(
     return {"n": n, "seconds": timing.median, "gflops": 2 * n**3 / timing.median / 1e9}
 
 
-def model_flops_per_token(n_params: int) -> float:
-    """Training FLOPs per token of a dense transformer: ``6 N`` (forward 2N + backward 4N)."""
-    return 6.0 * n_params
+def model_flops_per_token(n_params: int, n_layers: int = 0, d_model: int = 0, seq_len: int = 0) -> float:
+    """Training FLOPs per token of a dense transformer (PaLM, Chowdhery et al. 2022, appendix B).
+
+    ``6 N`` for the weights' matmuls (forward 2N + backward 4N; N without embedding tables) plus
+    ``12 x n_layers x d_model x seq_len`` for attention's score and value products, which hold no
+    weights. Checked against ``torch.utils.flop_counter`` in tests/test_bench.py.
+    """
+    return 6.0 * n_params + 12.0 * n_layers * d_model * seq_len
 
 
 def mfu(tokens_per_s: float, flops_per_token: float, peak_gflops: float) -> float:

@@ -36,10 +36,14 @@ from course_lib.recipe_ladder.runs import accuracy_run, examples_to, prepare, th
 
 
 class Measured:
-    """The measurements ``run_ladder`` asks for, made on this machine (tests pass a scripted stand-in)."""
+    """The measurements ``run_ladder`` asks for, made on this machine (tests pass a scripted stand-in).
 
-    def __init__(self, cfg) -> None:
-        self.cfg, self.device = cfg, get_device(cfg.device)
+    ``precision``: a ``rungs.mixed_precision_choice`` already measured on this device (lesson 07 shows
+    it before the ladder), so that one run decides the mixed-precision rung by one matmul measurement.
+    """
+
+    def __init__(self, cfg, precision: tuple[str, str] | None = None) -> None:
+        self.cfg, self.device, self.chosen = cfg, get_device(cfg.device), precision
         self.prepared = prepare(cfg)
         warm_up(self.prepared, cfg, self.device)
         self.train_rows = len(self.prepared.train)
@@ -51,7 +55,7 @@ class Measured:
         return skip_reason(rung, self.prepared.model, self.device)
 
     def precision(self) -> tuple[str, str]:
-        return mixed_precision_choice(self.device)
+        return self.chosen if self.chosen is not None else mixed_precision_choice(self.device)
 
     def accuracy(self, stack: Stack, seed: int, stop_at: int | None) -> dict[str, Any]:
         return accuracy_run(stack, self.prepared, self.cfg, seed, self.device, stop_at)
