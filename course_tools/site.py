@@ -96,7 +96,12 @@ def stage(root: Path = ROOT, dest: Path = BUILD) -> dict:
         own = [rel(p) for p in files["exercises"].get(nb_path.stem, [])]
         exercises = [(exercise_titles[p], f"../{pages[p]}") for p in own]
         body = notebook_markdown(
-            nb, rel(nb_path), page, src / "lessons", links, lesson_box(nb_path.name, exercises)
+            nb,
+            rel(nb_path),
+            page,
+            src / "lessons",
+            links,
+            lesson_box(nb_path.name, exercises, nb.get("metadata", {}).get("summary", "")),
         )
         write(src / page, body)
         shutil.copy2(nb_path, src / "lessons" / nb_path.name)

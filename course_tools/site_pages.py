@@ -97,8 +97,9 @@ def notebook_markdown(nb: dict, repo_path: str, page: str, out_dir: Path, links:
     return "\n\n".join(part for part in parts if part) + "\n"
 
 
-def lesson_box(notebook: str, exercises: list[tuple[str, str]]) -> str:
-    """The box under a lesson's title: its exercise(s) and its notebook."""
+def lesson_box(notebook: str, exercises: list[tuple[str, str]], summary: str = "") -> str:
+    """The box under a lesson's title: its exercise(s) and its notebook; then the lesson's English summary
+    (``metadata.summary``: the learner's first screen is the Japanese card, the site keeps the English)."""
     name = Path(notebook).name
     lines = ['!!! abstract "このレッスンの演習とノートブック"', ""]
     if exercises:
@@ -110,6 +111,8 @@ def lesson_box(notebook: str, exercises: list[tuple[str, str]]) -> str:
         f"    - 自分のマシンで実行: リポジトリで `make lab` を実行し、`notebooks/{name}` を開きます。",
         "    - このページの出力と図は、コミット済みのノートブックに保存された実行結果です（サイトの生成時には実行しません）。",
     ]
+    if summary:
+        lines += ["", '!!! note "English summary"', "", f"    {summary}"]
     return "\n".join(lines)
 
 

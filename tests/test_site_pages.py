@@ -109,3 +109,11 @@ def test_formulas_become_mathml_and_code_spans_keep_their_dollars():
     assert all(ET.fromstring(m).tag.endswith("math") for m in maths)
     assert 'display="block"' in maths[1] and 'display="block"' not in maths[0]
     assert "<code>$HOME</code>" in html and "$5 and $6" in html
+
+
+def test_the_lesson_box_carries_the_english_summary_from_the_notebooks_metadata():
+    from course_tools.site_pages import lesson_box
+
+    box = lesson_box("03_mixed_precision.ipynb", [], "Mixed precision on your own machine.")
+    assert '!!! note "English summary"' in box and "    Mixed precision on your own machine." in box
+    assert "English summary" not in lesson_box("03_mixed_precision.ipynb", [])
