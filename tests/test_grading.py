@@ -515,6 +515,67 @@ def test_matrix_notebooks_score_exactly_as_expected(matrix):
     assert not problems, "\n".join(problems)
 
 
+# The three classes of wrong answers that earned full marks (issue 47), as tests/fixtures/ tag them at the start
+# of a fixture's description: [class 1] right only on the grader's machine (judged on the CPU alone),
+# [class 2] behaviour the task text names that no test exercised (an edge input, stale gradients, several
+# parameter groups), [class 3] an instruction about *how* that no test observed (on the fly, synchronising,
+# an integer result); [alternative API] marks a correct answer through another public API.
+FIXTURE_CLASSES = ("class 1", "class 2", "class 3")
+FIXTURE_TAGS = (*FIXTURE_CLASSES, "alternative API")
+# Assignments in which no task's right answer depends on the machine: no class-1 fixture applies.
+MACHINE_INDEPENDENT = {
+    "01b_images_audio": "images and clips are prepared on the CPU, whatever the machine",
+    "02_distributed_concepts": "ranks simulated in one process, on the CPU",
+    "06_efficient_optimizers": "optimizer state and Trainer's optim= names are the same on every device",
+    "06b_memory_and_sharding": "byte counts from the architecture, autocast on the CPU",
+}
+
+
+def fixture_tags(description: str) -> set[str]:
+    """The tags at the start of a fixture's description: "[class 1] [alternative API] ..." -> {...}."""
+    tags = set()
+    for tag in re.match(r"^((?:\[[^\]]+\]\s*)*)", description)[1].split("]"):
+        tag = tag.strip(" [")
+        if tag:
+            assert tag in FIXTURE_TAGS, (
+                f"unknown fixture tag [{tag}] in {description[:80]!r}: use {FIXTURE_TAGS}"
+            )
+            tags.add(tag)
+    return tags
+
+
+def test_fixture_tags_are_read_from_the_start_of_a_description():
+    assert fixture_tags("[class 1] [alternative API] pick_device asks [class 2]") == {
+        "class 1",
+        "alternative API",
+    }
+    assert fixture_tags("right for the shown case only (class 1, ...)") == set()
+    with pytest.raises(AssertionError, match="unknown fixture tag"):
+        fixture_tags("[class 4] a fourth class")
+
+
+def test_every_assignment_has_a_wrong_answer_and_an_alternative_of_each_class():
+    """For each class of issue 47, each assignment whose fixtures are tagged has a wrong answer of that class
+    (which must lose points) and an alternative of it (which must keep them); the grading tier checks both.
+    Assignments without any tagged fixture (exercise 07, added beside this change) are not held to it yet."""
+    submissions, alternatives = load_submissions(), load_alternatives()
+    missing = []
+    for assignment in ALL_ASSIGNMENTS:
+        subs = [fixture_tags(s.description) for s in submissions if s.assignment == assignment]
+        alts = [fixture_tags(a.description) for a in alternatives if a.assignment == assignment]
+        if not any(subs + alts):
+            continue
+        for tag in FIXTURE_CLASSES:
+            if tag == "class 1" and assignment in MACHINE_INDEPENDENT:
+                assert not any(tag in t for t in subs + alts), (
+                    f"{assignment} has a [class 1] fixture: remove it from MACHINE_INDEPENDENT"
+                )
+                continue
+            missing += [f"{assignment}: no wrong answer tagged [{tag}]"] * (not any(tag in t for t in subs))
+            missing += [f"{assignment}: no alternative tagged [{tag}]"] * (not any(tag in t for t in alts))
+    assert not missing, "\n".join(missing)
+
+
 def test_alternatives_are_written_differently():
     """An alternative's cells differ from the reference's in their syntax tree, not just in comments."""
     for alternative in ALTERNATIVE_ANSWERS:

@@ -92,6 +92,24 @@ def test_every_task_names_an_existing_section_of_its_lesson(name):
             )
 
 
+# A task's text states what to do in about 600 characters; the details go into the tests' feedback (issue 47).
+TASK_TEXT_LIMIT = 650
+
+
+@pytest.mark.parametrize("name", ASSIGNMENTS)
+def test_every_task_text_is_short_and_the_first_cell_gives_the_minutes(name):
+    nb = nbformat.read(ROOT / "solutions" / name / f"{name}.ipynb", as_version=4)
+    long = {
+        c.source.splitlines()[0]: len(c.source)
+        for c in nb.cells
+        if c.cell_type == "markdown" and c.source.startswith("## ") and len(c.source) > TASK_TEXT_LIMIT
+    }
+    assert not long, f"{name}: task texts over {TASK_TEXT_LIMIT} characters: {long}"
+    assert re.search(r"所要時間の目安: \d+ 分", nb.cells[0].source), (
+        f"{name}: the first cell should give the minutes the exercise takes (所要時間の目安: N 分)"
+    )
+
+
 def test_check_finds_an_edited_solution_and_release_fixes_it(course):
     path = course / "solutions" / "02_distributed_concepts" / "02_distributed_concepts.ipynb"
     nb = nbformat.read(path, as_version=4)
