@@ -38,7 +38,7 @@ USES: dict[str, str] = {
     "00_intro": r"GFLOP/s",
     "01_device_placement": r"steps on \w+",
     "01b_images_audio": r"pixel_values \(\d+, 3, 32, 32\) torch\.float32",
-    "02_distributed_concepts": r"ranks?",
+    "02_distributed_concepts": r"2 rank\(s\), parameters identical: True, steps per rank: \[(\d+), \1\]",
     "03_mixed_precision": r"bfloat16|float16|autocast",
     "04_accumulation_checkpointing": r"accumulat|checkpoint",
     "05_local_sgd": r"all-reduce|LocalSGD|average",
