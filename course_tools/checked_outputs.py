@@ -2,7 +2,7 @@
 
     python -m course_tools.checked_outputs notebooks/*.ipynb      # one line per differing cell; exit 1
 
-A cell marked ``# NBVAL_CHECK_OUTPUT`` must print what holds on every device (booleans, relations,
+A cell tagged ``nbval-check-output`` must print what holds on every device (booleans, relations,
 counts that do not depend on the device). ``scripts/gpu_check.sh`` runs this on a GPU, so its first run
 names every checked cell that still depends on the device. It runs the suite's own nbval (the
 repository's pytest settings: ``--nbval-lax``, the sanitizer, the message budget) on each notebook, in

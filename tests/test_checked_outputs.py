@@ -7,8 +7,10 @@ import pytest
 from course_tools import checked_outputs
 
 
-def _cell(source: str, output: str):
+def _cell(source: str, output: str, checked: bool = False):
     cell = nbformat.v4.new_code_cell(source)
+    if checked:  # the lessons' marker: nbval's cell tag
+        cell.metadata["tags"] = ["nbval-check-output"]
     cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=output)]
     cell.execution_count = 1
     return cell
@@ -19,9 +21,9 @@ def test_a_device_dependent_checked_cell_is_reported_and_the_others_are_not(tmp_
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nb.cells = [
-        _cell("# NBVAL_CHECK_OUTPUT\nprint('same everywhere:', 2 + 2 == 4)", "same everywhere: True\n"),
+        _cell("print('same everywhere:', 2 + 2 == 4)", "same everywhere: True\n", checked=True),
         # committed on a GPU: the device's name in a checked cell
-        _cell("# NBVAL_CHECK_OUTPUT\nimport torch\nprint('device:', 'cpu')", "device: cuda\n"),
+        _cell("import torch\nprint('device:', 'cpu')", "device: cuda\n", checked=True),
         _cell("import random\nprint(random.random())", "0.5\n"),  # unchecked: any output passes
     ]
     path = tmp_path / "fake_lesson.ipynb"
