@@ -65,3 +65,15 @@ def test_drift_series_drops_at_each_averaging():
         {"step": 3, "before": 1.5, "after": 1.5},
     ]
     assert R.drift_series(drift) == ([0.0, 1, 2, 2, 3], [0.0, 1.0, 2.0, 0.0, 1.5])
+
+
+def test_the_sync_timeline_draws_one_bar_per_all_reduce_and_the_total_per_parameter():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from course_lib.apparatus.local_sgd import Variant
+
+    variants = (Variant("DDP"), Variant("local", "local_sgd", 4), Variant("half", hook="fp16"))
+    ax = R.plot_sync_timeline(variants, steps=8)
+    assert len(ax.patches) == 8 + (2 + 1) + 8  # every step; every 4th plus the exit; every step
+    assert [t.get_text() for t in ax.texts] == ["32 B/パラメーター", "12 B/パラメーター", "16 B/パラメーター"]

@@ -41,7 +41,7 @@ USES: dict[str, str] = {
     "02_distributed_concepts": r"2 rank\(s\), parameters identical: True, steps per rank: \[(\d+), \1\]",
     "03_mixed_precision": r"bfloat16|float16|autocast",
     "04_accumulation_checkpointing": r"accumulat|checkpoint",
-    "05_local_sgd": r"all-reduce|LocalSGD|average",
+    "05_local_sgd": r"LocalSGD: 2 プロセス、[^\n]*平均 [1-9]",
     "06_efficient_optimizers": r"bytes",
     "06b_memory_and_sharding": r"bytes|shard",
     "07_time_to_accuracy": r"accuracy|padding",

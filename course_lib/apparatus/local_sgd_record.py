@@ -6,7 +6,8 @@ call after each micro-batch: it counts the all-reduce calls per step (DDP's grad
 counting comm hook, LocalSGD's parameter averages, the average on leaving its block), the validation
 loss where the replicas agree, and how far the replicas are apart before and after each averaging
 (``instruments.replicas``). It only measures; ``result`` is the plain dict a launch returns.
-``count_rows``, ``plot_loss_vs_bytes``, ``drift_series`` and ``plot_drift`` read those dicts.
+``count_rows``, ``plot_loss_vs_bytes``, ``drift_series`` and ``plot_drift`` read those dicts;
+``plot_sync_timeline`` draws when each variant communicates, from the settings alone (the lesson's card).
 """
 
 from __future__ import annotations
@@ -142,6 +143,8 @@ def plot_loss_vs_bytes(runs: Sequence[dict], axes=None):
     """Validation loss against MiB sent (log scale) and against micro-batches seen, one line per variant."""
     import matplotlib.pyplot as plt
 
+    from course_lib import plots  # noqa: F401  (Japanese labels)
+
     if axes is None:
         _, axes = plt.subplots(1, 2, figsize=(11, 3.8))
     start = runs[0]["curve"][0]["val_loss"]
@@ -154,12 +157,12 @@ def plot_loss_vs_bytes(runs: Sequence[dict], axes=None):
             [p["step"] for p in r["curve"]], [p["val_loss"] for p in r["curve"]], "o-", label=r["name"]
         )
     for ax in axes:
-        ax.axhline(start, color="gray", linestyle=":", linewidth=1, label="start")
-        ax.set_ylabel("validation loss")
+        ax.axhline(start, color="gray", linestyle=":", linewidth=1, label="開始時")
+        ax.set_ylabel("検証損失")
     axes[0].set_xscale("log")
-    axes[0].set_xlabel("MiB handed to all-reduce per rank (log scale)")
-    axes[1].set_xlabel("micro-batches per rank (examples seen / batch size)")
-    axes[0].set_title("Loss against communication"), axes[1].set_title("Loss against data seen")
+    axes[0].set_xlabel("1 ランクが all-reduce に渡した MiB（対数目盛）")
+    axes[1].set_xlabel("1 ランクが見たマイクロバッチの数")
+    axes[0].set_title("通信量に対する損失"), axes[1].set_title("見たデータに対する損失")
     axes[1].legend(fontsize=8)
     plt.tight_layout()
     return axes
@@ -181,13 +184,51 @@ def plot_drift(runs: Sequence[dict], ax=None):
     """Distance between the two replicas' parameters over the local steps of each LocalSGD run."""
     import matplotlib.pyplot as plt
 
+    from course_lib import plots  # noqa: F401  (Japanese labels)
+
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 3.4))
     for r in runs:
         if r["drift"]:
             ax.plot(*drift_series(r["drift"]), label=r["name"])
-    ax.set_xlabel("local step")
-    ax.set_ylabel("L2 distance rank 0 - rank 1")
-    ax.set_title("Replicas drift apart between averagings")
+    ax.set_xlabel("ローカルステップ")
+    ax.set_ylabel("ランク 0 と 1 の L2 距離")
+    ax.set_title("平均と平均の間でレプリカが離れ、平均で 0 に戻る")
     ax.legend(fontsize=8)
+    return ax
+
+
+def plot_sync_timeline(variants: Sequence, steps: int, ax=None):
+    """When each variant (``apparatus.local_sgd.Variant``) all-reduces over ``steps`` micro-batches, and
+    how many bytes per parameter: gradients (DDP, accumulation), parameters (LocalSGD, every ``every``
+    steps and once more on leaving its block). Drawn from the settings alone: nothing is run."""
+    import matplotlib.pyplot as plt
+
+    from course_lib import plots  # noqa: F401  (Japanese labels)
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 0.55 * len(variants) + 1.2), layout="constrained")
+    kinds = {"grads": ("C0", "勾配の all-reduce"), "params": ("C1", "パラメーターの平均")}
+    shown = set()
+    for row, v in enumerate(variants):
+        width = 4 if v.hook == "fp32" else 2  # bytes per element on the wire
+        kind = "params" if v.sync == "local_sgd" else "grads"
+        at = [s for s in range(1, steps + 1) if s % v.every == 0] + (
+            [steps + 2.5] if kind == "params" else []
+        )  # on leaving the block
+        color, label = kinds[kind]
+        y = len(variants) - 1 - row
+        ax.bar(
+            at, 0.2 * width, bottom=y - 0.4, width=0.7, color=color, label=None if kind in shown else label
+        )
+        shown.add(kind)
+        ax.text(steps + 4, y, f"{len(at) * width} B/パラメーター", va="center", fontsize=9)
+    ax.set_yticks(range(len(variants)), [v.name for v in reversed(variants)])
+    ax.set_xlim(0, steps + 12)
+    ax.set_ylim(-0.6, len(variants) - 0.2)
+    ticks = [1, *range(4, steps + 1, 4)]
+    ax.set_xticks([*ticks, steps + 2.5], [*map(str, ticks), "終了時"])
+    ax.set_xlabel("マイクロバッチ（ステップ）。棒の高さ = 1 要素のバイト数（4 か 2）、右端 = 合計")
+    ax.set_title("いつ、何を送るか: DDP は毎ステップ、ローカル SGD は K ステップに 1 回")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     return ax
