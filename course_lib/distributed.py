@@ -263,17 +263,13 @@ def _run_rank(rank, fn, world_size, backend, threads, timeout_s, out_dir, args) 
 def join_elastic_group(backend: str, env: dict[str, str] | None = None, timeout_s: float = 1800) -> bool:
     """Under torchrun, form the default process group with this attempt's keys apart from earlier ones'.
 
-    torchrun (torch 2.13) hands its rendezvous store to the workers (``TORCHELASTIC_USE_AGENT_STORE``) and
-    keeps it across ``--max-restarts`` without a per-attempt prefix: a restarted group can read the dead
-    attempt's addresses and stop in ``Gloo connectFullMesh failed ... Connection refused`` (6 of 11
-    restarts of tests/test_multinode.py here, 0 of 12 with this; pytorch/pytorch#135712). The attempt
-    number (``TORCHELASTIC_RESTART_COUNT``) scopes the keys. Each agent counts its own attempts: under
-    several nodes with ``--rdzv-backend c10d`` a node whose worker did not fail restarts without counting,
-    so there set ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (c10d then gives each attempt a fresh store and
-    this does nothing). Static ranks (``--node-rank``) always share the store and ignore the variable;
-    every node restarts and counts there. A worker cannot tell the two apart, so each node's first worker
-    warns until the variable is set. Returns True when it formed the group; False when there is nothing
-    to do (no agent store, or a group exists). Accelerate then joins the group it finds."""
+    torchrun (torch 2.13) hands its rendezvous store to the workers and keeps it across ``--max-restarts``
+    without a per-attempt prefix: a restarted group can read the dead attempt's addresses and stop in
+    ``Gloo connectFullMesh failed`` (pytorch/pytorch#135712). The attempt number scopes the keys. Under
+    several c10d nodes a node whose worker did not fail restarts without counting: there set
+    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (c10d only; a fresh store per attempt, and this does
+    nothing). Static ranks ignore the variable and every node counts alike; a worker cannot tell the two
+    apart, so each node's first worker warns until it is set. Returns True when it formed the group."""
     env = os.environ if env is None else env
     if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or dist.is_initialized():
         return False
