@@ -90,7 +90,9 @@ def test_the_script_is_short_clean_and_marks_what_is_new(path):
     source, _ = found
     code = [line for line in source.splitlines() if line.strip() and not line.lstrip().startswith("#")]
     assert len(code) <= MAX_LINES, f"{len(code)} code lines (at most {MAX_LINES})"
-    assert not any(name in source for name in INSTRUMENTS), "no probes or recorders in the script"
+    assert not INSTRUMENTS.search(source), (
+        f"no probes or recorders in the script: {INSTRUMENTS.search(source)}"
+    )
     if path.stem != "01_device_placement":  # lesson 01's loop is the plain one the others change
         assert "# NEW" in source, "the technique's lines are marked # NEW"
     compile(source, path.name, "exec")
