@@ -23,14 +23,8 @@ LESSONS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 SCRIPT_TAG, TORCHRUN_TAG = "lesson-script", "script-torchrun"
 MAX_LINES = 40  # "at most about 30 lines": code lines, without blank lines, comments and the docstring
 LOSS = re.compile(r"^loss: ([0-9.]+) -> ([0-9.]+)", re.M)
-INSTRUMENTS = (
-    "StepProbe",
-    "StepRecorder",
-    "Recorder(",
-    "counting_all_reduce",
-    "on_step",
-    "probe",
-    "apparatus",
+INSTRUMENTS = re.compile(
+    r"\b(StepProbe|StepRecorder|\w*Recorder|counting_all_reduce|on_step|probe|apparatus)\b"
 )
 
 # What each script prints that shows its technique at work (a regular expression over its stdout).
