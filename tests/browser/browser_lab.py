@@ -102,6 +102,9 @@ _CELLS_JS = """() => [...document.querySelectorAll('.jp-NotebookPanel .jp-CodeCe
   const outputs = [...cell.querySelectorAll('.jp-OutputArea-output')];
   return {
     prompt: (cell.querySelector('.jp-InputPrompt') || {}).textContent?.trim() || '',
+    // a lesson's 確認 cell has its source collapsed: no input prompt shows its count (the saved file has it)
+    collapsed: !!cell.querySelector('.jp-InputPlaceholder') || cell.classList.contains('jp-mod-inputCollapsed')
+               || !cell.querySelector('.jp-InputPrompt'),
     stderr: outputs.filter(o => o.dataset.mimeType === 'application/vnd.jupyter.stderr')
                    .map(o => o.innerText),
     text: outputs.map(o => o.innerText).join('\\n'),
@@ -225,10 +228,10 @@ def notebook_problems(page: Page, saved: Path, committed: Path | None = None) ->
     for i, cell in enumerate(shown, start=1):
         where = f"code cell {i}"
         match = re.fullmatch(r"\[(\d+)\]:", cell["prompt"])
-        if match is None:
-            not_run.append(i)
-        else:
+        if match is not None:
             numbers.append(int(match.group(1)))
+        elif not (cell.get("collapsed") and not cell["prompt"]):
+            not_run.append(i)
         for text in cell["stderr"]:
             if "Traceback" in text:
                 problems.append(f"{where} shows a traceback: {text.strip()[-400:]}")
