@@ -70,7 +70,7 @@ def runs(request, tmp_path_factory) -> dict[str, subprocess.CompletedProcess | N
     selected = {
         item.callspec.params["path"]
         for item in request.session.items
-        if item.originalname == "test_the_script_trains_and_uses_its_technique"
+        if getattr(item, "originalname", None) == "test_the_script_trains_and_uses_its_technique"
     }
     folder = tmp_path_factory.mktemp("scripts")
     with ThreadPoolExecutor(max_workers=2) as pool:
