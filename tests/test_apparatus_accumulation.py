@@ -187,3 +187,14 @@ def test_accumulation_seconds_times_each_split_and_leaves_no_gradients(model, ba
     assert all(p.grad is None for p in work.parameters())  # reset after timing
     with pytest.raises(ValueError, match="repeat"):
         ac.accumulation_seconds(work, splits, repeat=0)
+
+
+def test_update_ratios_are_drawn_as_one_bar_per_loop_and_window():
+    import matplotlib.pyplot as plt
+
+    rows = [{"window": 1, "rows": 32, "ratio": 1.0}, {"window": 2, "rows": 8, "ratio": 0.25}]
+    ax = ac.plot_update_ratios({"loop": rows, "Accelerate": [rows[0], {**rows[1], "ratio": 4.0}]})
+    heights = sorted(round(p.get_height(), 2) for p in ax.patches)
+    plt.close(ax.figure)
+    assert heights == [0.25, 1.0, 1.0, 4.0]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["窓 1（32 行）", "窓 2（8 行）"]

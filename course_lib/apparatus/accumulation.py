@@ -238,3 +238,31 @@ def compare_updates(
             }
         )
     return out
+
+
+def plot_update_ratios(comparisons: Mapping[str, Sequence[Mapping]], ax=None):
+    """Bars: each loop's update over the exact one (``compare_updates`` rows), window by window.
+
+    A bar at 1 is the big batch's update; Trainer's default shows k, Accelerate's short window 1/k.
+    """
+    import matplotlib.pyplot as plt
+
+    from course_lib import plots  # noqa: F401  (Japanese labels)
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7.0, 3.4))
+    names = list(comparisons)
+    n_windows = max(len(rows) for rows in comparisons.values())
+    width = 0.8 / n_windows
+    for w in range(n_windows):
+        xs = [i + (w - (n_windows - 1) / 2) * width for i in range(len(names))]
+        ratios = [rows[w]["ratio"] if w < len(rows) else 0.0 for rows in comparisons.values()]
+        label = f"窓 {w + 1}（{comparisons[names[0]][w]['rows']} 行）"
+        bars = ax.bar(xs, ratios, width, label=label)
+        ax.bar_label(bars, fmt="%.2f", fontsize=8)
+    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+    ax.set_xticks(range(len(names)), [name.replace(", ", "\n") for name in names], fontsize=8)
+    ax.set_ylabel("更新の大きさ / 正確な更新")
+    ax.set_title("1 が大きなバッチと同じ更新")
+    ax.legend(fontsize=8)
+    return ax
